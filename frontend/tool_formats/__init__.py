@@ -1,0 +1,37 @@
+"""Tool-call formats: one file per family, each the single source of its syntax."""
+
+from .base import (
+    FunctionTool,
+    ParsedOutput,
+    StreamDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallParser,
+    ToolFormat,
+    ToolFormatError,
+    collect,
+    default_call_id,
+)
+from .registry import (
+    create_tool_format,
+    get_tool_format_class,
+    register_tool_format,
+    tool_format_names,
+)
+
+__all__ = [
+    "FunctionTool",
+    "ParsedOutput",
+    "StreamDelta",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallParser",
+    "ToolFormat",
+    "ToolFormatError",
+    "collect",
+    "create_tool_format",
+    "default_call_id",
+    "get_tool_format_class",
+    "register_tool_format",
+    "tool_format_names",
+]

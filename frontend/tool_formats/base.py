@@ -1,0 +1,153 @@
+"""What every tool-call format provides: the constraint that forces a call, and the
+parser that reads calls back, from one description of the family's syntax.
+
+The two must agree by construction: every output the constraint admits parses to
+valid calls, and the stream parse equals the whole parse byte for byte.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from structured_output import GrammarSpec
+
+if TYPE_CHECKING:
+    from tokenization import Tokenizer
+
+
+class ToolFormatError(ValueError):
+    """A format cannot serve this tokenizer, or these tools (a marker is missing, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    """One function tool of a request."""
+
+    name: str
+    #: JSON schema of the arguments; None: any JSON object
+    parameters: dict[str, Any] | None = None
+    description: str | None = None
+    #: OpenAI's ``strict``; False leaves the arguments schema-free (still a JSON object)
+    strict: bool | None = None
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The schema the arguments are constrained to."""
+        if self.parameters is None or self.strict is False:
+            return {"type": "object"}
+        return self.parameters
+
+
+@dataclass(slots=True)
+class ToolCall:
+    id: str
+    name: str
+    #: the arguments as JSON text
+    arguments: str
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """One piece of a streamed call, in the OpenAI stream form: the first piece of a
+    call carries ``id`` and ``name``; later pieces only more ``arguments`` text."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.tool_calls)
+
+
+@dataclass(slots=True)
+class ParsedOutput:
+    content: str | None
+    tool_calls: list[ToolCall]
+
+
+def default_call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+class ToolCallParser(ABC):
+    """Reads one output's content text, incrementally. Per-call work is proportional
+    to the new text; only an unresolved tail (a partial marker) is held back."""
+
+    def __init__(self, fmt: ToolFormat, tools: Sequence[FunctionTool]) -> None:
+        self.format = fmt
+        self.tools = list(tools)
+        self.tools_by_name = {t.name: t for t in tools}
+
+    @abstractmethod
+    def push(self, text: str) -> StreamDelta:
+        """Feed more content text; return what became certain."""
+
+    @abstractmethod
+    def finish(self) -> StreamDelta:
+        """The output ended: return everything still held back."""
+
+    def new_call_id(self, index: int, name: str) -> str:
+        return default_call_id()
+
+
+class ToolFormat(ABC):
+    """One family's tool-call syntax, bound to a tokenizer."""
+
+    #: the registry name (``--tool-call-parser``); set by the registry
+    name: ClassVar[str] = ""
+    #: markers that must each be one special token of the vocabulary
+    special_markers: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        missing = [m for m in self.special_markers if m not in tokenizer.special_tokens]
+        if missing:
+            raise ToolFormatError(
+                f"tool-call format {self.name!r} needs {', '.join(map(repr, missing))} as "
+                f"special tokens, and the vocabulary {tokenizer.name!r} lacks them"
+            )
+
+    @abstractmethod
+    def constraint(
+        self, tools: Sequence[FunctionTool], *, named: str | None, parallel: bool
+    ) -> GrammarSpec:
+        """The grammar that forces a call: one of ``tools`` at least ("required",
+        ``named`` None), or exactly one call of ``named``. ``parallel`` False allows
+        exactly one call. The grammar starts at the answer's first token."""
+
+    @abstractmethod
+    def new_parser(self, tools: Sequence[FunctionTool]) -> ToolCallParser:
+        """An incremental parser for one output."""
+
+    def parse(self, text: str, tools: Sequence[FunctionTool]) -> ParsedOutput:
+        """Whole content text to calls and the remaining content (via the same
+        machine as the stream, so the two agree)."""
+        parser = self.new_parser(tools)
+        deltas = [parser.push(text), parser.finish()]
+        return collect(deltas)
+
+
+def collect(deltas: Sequence[StreamDelta]) -> ParsedOutput:
+    """Fold stream deltas into the whole-output form."""
+    content: list[str] = []
+    calls: dict[int, ToolCall] = {}
+    for d in deltas:
+        content.append(d.content)
+        for c in d.tool_calls:
+            call = calls.get(c.index)
+            if call is None:
+                call = calls[c.index] = ToolCall(id=c.id or "", name=c.name or "", arguments="")
+            call.arguments += c.arguments
+    text = "".join(content)
+    return ParsedOutput(content=text or None, tool_calls=[calls[i] for i in sorted(calls)])

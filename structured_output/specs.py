@@ -1,0 +1,126 @@
+"""Structured-output specs, their checks, and how each one compiles with xgrammar."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+
+class SpecKind(StrEnum):
+    JSON_SCHEMA = "json_schema"  # value: the schema, JSON text
+    JSON_OBJECT = "json_object"  # value: unused; any JSON object
+    REGEX = "regex"  # value: the pattern
+    CHOICE = "choice"  # value: a JSON list of the allowed strings
+    GRAMMAR = "grammar"  # value: an EBNF grammar with a ``root`` rule
+    STRUCTURAL_TAG = "structural_tag"  # value: xgrammar's structural tag, JSON text
+
+
+class GrammarError(ValueError):
+    """A request's grammar cannot be used; the message says why, for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOptions:
+    """Engine-wide compile settings (part of the cache key)."""
+
+    #: the most whitespace characters allowed in a row between JSON elements, so that
+    #: a sampler cannot loop on whitespace until max_tokens
+    max_whitespace: int = 16
+    #: the largest spec accepted, in bytes of its text
+    max_spec_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    kind: SpecKind
+    value: str = ""
+
+    @classmethod
+    def of(cls, kind: str, value: str = "") -> GrammarSpec:
+        try:
+            k = SpecKind(kind)
+        except ValueError:
+            known = ", ".join(k.value for k in SpecKind)
+            raise GrammarError(f"unknown structured-output kind {kind!r}; known: {known}") from None
+        return cls(k, value)
+
+
+_XGR_NOISE = re.compile(r"\[\d\d:\d\d:\d\d\] \S+?:\d+: |Check failed: \(.*?\) is false: ")
+
+
+def clean_xgrammar_message(exc: BaseException) -> str:
+    """xgrammar's message without its log prefix (time, C++ file, failed check)."""
+    text = _XGR_NOISE.sub("", str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_spec(spec: GrammarSpec, options: CompileOptions) -> None:
+    """Cheap checks before compiling: size, and that JSON-valued specs parse."""
+    size = len(spec.value.encode("utf-8"))
+    if size > options.max_spec_bytes:
+        raise GrammarError(
+            f"{spec.kind.value} spec is {size} bytes, over the limit of {options.max_spec_bytes}"
+        )
+    if spec.kind in (SpecKind.JSON_SCHEMA, SpecKind.CHOICE, SpecKind.STRUCTURAL_TAG):
+        try:
+            value = json.loads(spec.value)
+        except ValueError as e:
+            raise GrammarError(f"{spec.kind.value} spec is not valid JSON: {e}") from None
+        if spec.kind == SpecKind.JSON_SCHEMA and not isinstance(value, dict | bool):
+            raise GrammarError("json_schema spec must be a JSON object (or a boolean)")
+        if spec.kind == SpecKind.CHOICE and not (
+            isinstance(value, list) and value and all(isinstance(c, str) for c in value)
+        ):
+            raise GrammarError("choice spec must be a non-empty JSON list of strings")
+        if spec.kind == SpecKind.STRUCTURAL_TAG and not isinstance(value, dict):
+            raise GrammarError("structural_tag spec must be a JSON object")
+    elif spec.kind in (SpecKind.REGEX, SpecKind.GRAMMAR) and not spec.value:
+        raise GrammarError(f"{spec.kind.value} spec is empty")
+
+
+def compile_spec(
+    compiler: xgr.GrammarCompiler, spec: GrammarSpec, options: CompileOptions
+) -> xgr.CompiledGrammar:
+    """Compile ``spec``; a spec xgrammar rejects raises `GrammarError`."""
+    check_spec(spec, options)
+    try:
+        return _compile(compiler, spec, options)
+    except GrammarError:
+        raise
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise GrammarError(f"invalid {spec.kind.value}: {clean_xgrammar_message(e)}") from None
+
+
+def _compile(
+    compiler: xgr.GrammarCompiler, spec: GrammarSpec, options: CompileOptions
+) -> xgr.CompiledGrammar:
+    ws = options.max_whitespace
+    if spec.kind == SpecKind.JSON_SCHEMA:
+        return compiler.compile_json_schema(spec.value, any_whitespace=True, max_whitespace_cnt=ws)
+    if spec.kind == SpecKind.JSON_OBJECT:
+        return compiler.compile_json_schema(
+            '{"type": "object"}', any_whitespace=True, max_whitespace_cnt=ws, strict_mode=False
+        )
+    if spec.kind == SpecKind.REGEX:
+        return compiler.compile_regex(spec.value)
+    if spec.kind == SpecKind.CHOICE:
+        choices = json.loads(spec.value)
+        fmt: dict[str, Any] = {
+            "type": "or",
+            "elements": [{"type": "const_string", "value": c} for c in choices],
+        }
+        return compiler.compile_structural_tag({"type": "structural_tag", "format": fmt})
+    if spec.kind == SpecKind.GRAMMAR:
+        return compiler.compile_grammar(spec.value)
+    if spec.kind == SpecKind.STRUCTURAL_TAG:
+        tag = json.loads(spec.value)
+        if tag.get("type") != "structural_tag":
+            tag = {"type": "structural_tag", "format": tag}
+        return compiler.compile_structural_tag(json.dumps(tag))
+    raise GrammarError(f"unsupported structured-output kind {spec.kind!r}")
