@@ -1,1 +1,58 @@
-"""thinkgate: ipc."""
+"""The wire between a front end and the engine core: structs, frames, sockets."""
+
+from .codec import Codec, WireError
+from .messages import (
+    PROTOCOL_VERSION,
+    AbortRequests,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    ErrorNotice,
+    FinishReason,
+    Goodbye,
+    Handshake,
+    HealthReply,
+    HealthRequest,
+    Heartbeat,
+    Hello,
+    MsgType,
+    SamplingParams,
+    Shutdown,
+    StructuredOutputSpec,
+)
+from .transport import (
+    DEFAULT_MAX_FRAME_BYTES,
+    AddressError,
+    SocketPump,
+    check_bind_address,
+    free_tcp_port,
+    private_ipc_address,
+)
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
+    "AbortRequests",
+    "AddressError",
+    "Codec",
+    "EngineCoreOutput",
+    "EngineCoreOutputs",
+    "EngineCoreRequest",
+    "ErrorNotice",
+    "FinishReason",
+    "Goodbye",
+    "Handshake",
+    "HealthReply",
+    "HealthRequest",
+    "Heartbeat",
+    "Hello",
+    "MsgType",
+    "SamplingParams",
+    "Shutdown",
+    "SocketPump",
+    "StructuredOutputSpec",
+    "WireError",
+    "check_bind_address",
+    "free_tcp_port",
+    "private_ipc_address",
+]

@@ -163,6 +163,24 @@ class Tokenizer:
             chat_template=self.chat_template,
         )
 
+    def with_vocab_rows(self, vocab_rows: int) -> Tokenizer:
+        """This vocabulary for a model with ``vocab_rows`` embedding rows."""
+        if vocab_rows < self.num_tokens:
+            raise ValueError(f"{vocab_rows} rows cannot hold {self.name}'s {self.num_tokens} tokens")
+        if vocab_rows == self.vocab_rows:
+            return self
+        return Tokenizer(
+            name=self.name,
+            token_bytes=self._token_bytes,
+            special_tokens=self.special_tokens,
+            encode_ordinary=self._encode_ordinary,
+            vocab_rows=vocab_rows,
+            eos_token_id=self.eos_token_id,
+            bos_token_id=self.bos_token_id,
+            stop_token_ids=self.stop_token_ids,
+            chat_template=self.chat_template,
+        )
+
     def __repr__(self) -> str:
         return (
             f"Tokenizer({self.name!r}, tokens={self.num_tokens}, rows={self.vocab_rows}, "

@@ -1,0 +1,107 @@
+"""Engine settings, and the command-line flags that set them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+@dataclass
+class EngineConfig:
+    #: ``random``, ``scripted``, or a local Hugging Face model directory
+    model: str = "random"
+    #: a bundled vocabulary name or a model directory; default: the model directory,
+    #: else qwen3
+    tokenizer: str | None = None
+    extra_special_tokens: list[str] = field(default_factory=list)
+    reasoning_parser: str | None = None
+    reasoning_parser_plugin: str | None = None
+    max_num_seqs: int = 256
+    max_model_len: int = 32768
+    seed: int = 0
+    #: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available)
+    device: str = "auto"
+    #: where to bind; default: a private ipc:// socket (spawned engines get one)
+    address: str | None = None
+    allow_remote: bool = False
+    #: the engine exits when this process does (set by a client that spawns it)
+    parent_pid: int | None = None
+    #: a client silent for this long has its requests dropped
+    client_timeout_s: float = 10.0
+    script: str | None = None
+    forward_ms: float = 0.0
+    closing_bias: float = 3.0
+    compile_workers: int = 2
+    compile_timeout_s: float = 10.0
+    grammar_cache_mb: int = 512
+    max_spec_bytes: int = 1 << 20
+    json_max_whitespace: int = 16
+    fill_batch_threshold: int = 64
+    log_level: str = "INFO"
+
+    def resolved_tokenizer(self) -> str:
+        if self.tokenizer:
+            return self.tokenizer
+        if Path(self.model).is_dir():
+            return self.model
+        return "qwen3"
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def to_args(self) -> list[str]:
+        """The flags that reproduce this config (used to spawn an engine)."""
+        args: list[str] = []
+        defaults = EngineConfig()
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value == getattr(defaults, f.name) or value is None:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag)
+            elif isinstance(value, list):
+                for v in value:
+                    args += [flag.removesuffix("s"), str(v)]
+            else:
+                args += [flag, str(value)]
+        return args
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    a = parser.add_argument
+    a("--model", default=d.model, help="random | scripted | a local Hugging Face model directory")
+    a("--tokenizer", default=None, help="bundled vocabulary (qwen3, llama3, o200k_harmony, "
+      "cl100k_base) or a model directory; default: the model directory, else qwen3")
+    a("--extra-special-token", dest="extra_special_tokens", action="append", default=[],
+      help="append a special token to the vocabulary (repeatable)")
+    a("--reasoning-parser", default=None, help="the reasoning parser that gates grammars")
+    a("--reasoning-parser-plugin", default=None, help="module or .py file registering parsers")
+    a("--max-num-seqs", type=int, default=d.max_num_seqs)
+    a("--max-model-len", type=int, default=d.max_model_len)
+    a("--seed", type=int, default=d.seed)
+    a("--device", default=d.device, help="cpu | cuda | cuda:N | auto")
+    a("--address", default=None, help="ipc://PATH or tcp://HOST:PORT to bind")
+    a("--allow-remote", action="store_true", help="allow binding a non-loopback TCP address")
+    a("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    a("--client-timeout-s", type=float, default=d.client_timeout_s)
+    a("--script", default=None, help="script file of the scripted model")
+    a("--forward-ms", type=float, default=d.forward_ms, help="fixed cost per forward (ms)")
+    a("--closing-bias", type=float, default=d.closing_bias)
+    a("--compile-workers", type=int, default=d.compile_workers)
+    a("--compile-timeout-s", type=float, default=d.compile_timeout_s)
+    a("--grammar-cache-mb", type=int, default=d.grammar_cache_mb)
+    a("--max-spec-bytes", type=int, default=d.max_spec_bytes)
+    a("--json-max-whitespace", type=int, default=d.json_max_whitespace)
+    a("--fill-batch-threshold", type=int, default=d.fill_batch_threshold)
+    a("--log-level", default=d.log_level)
+
+
+def config_from_args(ns: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(ns, f.name) for f in fields(EngineConfig)})

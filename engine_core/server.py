@@ -1,0 +1,255 @@
+"""The engine-core process: sockets, the IO thread, and the busy loop around `EngineCore`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import signal
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import zmq
+
+from ipc import (
+    DEFAULT_MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    AbortRequests,
+    Codec,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    ErrorNotice,
+    Goodbye,
+    Handshake,
+    HealthReply,
+    HealthRequest,
+    Heartbeat,
+    Hello,
+    Shutdown,
+    SocketPump,
+    WireError,
+    check_bind_address,
+    private_ipc_address,
+)
+from reasoning import load_plugin
+from tokenization import load_tokenizer
+
+from .config import EngineConfig
+from .engine import EngineCore
+
+log = logging.getLogger("thinkgate.engine")
+
+HEARTBEAT_S = 0.5
+
+
+class _ClientGone:
+    __slots__ = ()
+
+
+class _Wake:
+    __slots__ = ()
+
+
+CLIENT_GONE = _ClientGone()
+WAKE = _Wake()
+
+
+class EngineServer:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.reasoning_parser_plugin:
+            load_plugin(config.reasoning_parser_plugin)
+        self._own_dir: Path | None = None
+        if config.address:
+            self.address = config.address
+            check_bind_address(self.address, allow_remote=config.allow_remote)
+        else:
+            self.address, self._own_dir = private_ipc_address()
+        tokenizer = load_tokenizer(config.resolved_tokenizer(), config.extra_special_tokens)
+        self.core = EngineCore(config, tokenizer)
+        self.inbox: queue.SimpleQueue[tuple[bytes, object]] = queue.SimpleQueue()
+        self.stopping = threading.Event()
+        self._codec_main = Codec()
+        self._codec_io = Codec()
+        self._clients: dict[bytes, float] = {}  # IO thread only: last frame time
+        self._last_beat = 0.0
+        self.handshake = Handshake(
+            protocol_version=PROTOCOL_VERSION,
+            model=config.model,
+            tokenizer=config.resolved_tokenizer(),
+            vocab_rows=self.core.vocab_rows,
+            reasoning_parser=config.reasoning_parser,
+            max_num_seqs=config.max_num_seqs,
+            engine_pid=os.getpid(),
+            extra_special_tokens=list(config.extra_special_tokens),
+            device=self.core.device,
+        )
+        self.pump = SocketPump(self._make_socket, self._on_frames, on_tick=self._on_tick, tick_s=0.1,
+                               name="thinkgate-engine-io")
+
+    # ----- IO thread --------------------------------------------------------------
+
+    def _make_socket(self, ctx: zmq.Context) -> zmq.Socket:
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, DEFAULT_MAX_FRAME_BYTES)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.bind(self.address)
+        if self.address.startswith("ipc://"):
+            os.chmod(self.address[len("ipc://") :], 0o600)
+        return sock
+
+    def _reply(self, client: bytes, msg) -> None:
+        self.pump.send([client, *self._codec_io.encode(msg)])
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        client, body = frames[0], frames[1:]
+        try:
+            msg = self._codec_io.decode(body)
+        except WireError as e:
+            log.warning("bad frame from client %s: %s", client.hex(), e)
+            self._reply(client, ErrorNotice(str(e), e.request_id))
+            return
+        now = time.monotonic()
+        if isinstance(msg, Hello):
+            if msg.protocol_version != PROTOCOL_VERSION:
+                log.warning("client %s speaks protocol %d", client.hex(), msg.protocol_version)
+                self._reply(client, ErrorNotice(
+                    f"protocol version {msg.protocol_version} does not match the engine's "
+                    f"{PROTOCOL_VERSION}"))
+                return
+            self._clients[client] = now
+            self._reply(client, self.handshake)
+            return
+        if client not in self._clients:
+            self._reply(client, ErrorNotice(
+                "send HELLO first", msg.request_id if isinstance(msg, EngineCoreRequest) else None))
+            return
+        self._clients[client] = now
+        if isinstance(msg, Heartbeat):
+            return
+        if isinstance(msg, Goodbye):
+            self._clients.pop(client, None)
+            self.inbox.put((client, CLIENT_GONE))
+            return
+        if isinstance(msg, EngineCoreRequest | AbortRequests | HealthRequest | Shutdown):
+            self.inbox.put((client, msg))
+            return
+        self._reply(client, ErrorNotice(f"unexpected {type(msg).__name__} message"))
+
+    def _on_tick(self) -> None:
+        now = time.monotonic()
+        for client, seen in list(self._clients.items()):
+            if now - seen > self.config.client_timeout_s:
+                log.warning("client %s went silent; dropping its requests", client.hex())
+                del self._clients[client]
+                self.inbox.put((client, CLIENT_GONE))
+        if now - self._last_beat >= HEARTBEAT_S:
+            self._last_beat = now
+            for client in self._clients:
+                self._reply(client, Heartbeat(time.time()))
+        ppid = self.config.parent_pid
+        if ppid is not None and not self.stopping.is_set() and not _alive(ppid):
+            log.warning("parent process %d is gone; shutting down", ppid)
+            self.stop()
+
+    # ----- main thread ------------------------------------------------------------
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.inbox.put((b"", WAKE))
+
+    def serve(self) -> None:
+        self.pump.start()
+        log.info("engine ready on %s (model %s, %d vocabulary rows, device %s)",
+                 self.address, self.config.model, self.core.vocab_rows, self.core.device)
+        print(f"thinkgate engine listening on {self.address}", flush=True)
+        core = self.core
+        try:
+            while not self.stopping.is_set():
+                if not core.has_runnable:
+                    try:
+                        self._handle(*self.inbox.get(timeout=0.02 if core.has_work else 0.5))
+                    except queue.Empty:
+                        continue
+                while True:
+                    try:
+                        self._handle(*self.inbox.get_nowait())
+                    except queue.Empty:
+                        break
+                if core.has_work:
+                    self._send(core.step())
+        finally:
+            self._shutdown()
+
+    def _handle(self, client: bytes, msg: object) -> None:
+        core = self.core
+        if isinstance(msg, EngineCoreRequest):
+            self._send(core.add_request(client, msg))
+        elif isinstance(msg, AbortRequests):
+            self._send(core.abort(client, msg.request_ids))
+        elif isinstance(msg, HealthRequest):
+            self._reply_main(client, HealthReply(
+                msg.nonce, len(core.running), len(core.waiting), core.num_steps))
+        elif msg is CLIENT_GONE:
+            n = core.drop_client(client)
+            if n:
+                log.warning("dropped %d requests of client %s", n, client.hex())
+        elif isinstance(msg, Shutdown):
+            log.info("shutdown requested by client %s: %s", client.hex(), msg.reason)
+            self.stopping.set()
+
+    def _reply_main(self, client: bytes, msg) -> None:
+        self.pump.send([client, *self._codec_main.encode(msg)])
+
+    def _send(self, outputs) -> None:
+        if not outputs:
+            return
+        by_client: dict[bytes, list] = defaultdict(list)
+        for client, out in outputs:
+            by_client[client].append(out)
+        now = time.time()
+        for client, outs in by_client.items():
+            self._reply_main(client, EngineCoreOutputs(outs, now))
+
+    def _shutdown(self) -> None:
+        core = self.core
+        pending = list(core.requests.values())
+        out = []
+        for r in pending:
+            out += core.abort(r.client, [r.request_id])
+        for client, o in out:
+            o.error = "the engine shut down"
+        self._send(out)
+        self.pump.close()
+        core.close()
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+        log.info("engine stopped")
+
+
+def _alive(pid: int) -> bool:
+    if os.getppid() == pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_engine(config: EngineConfig) -> None:
+    logging.basicConfig(
+        level=getattr(logging, config.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    server = EngineServer(config)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    server.serve()

@@ -1,0 +1,170 @@
+"""Wire types between a front end and the engine core.
+
+Every frame is ``[message type (one byte), msgpack payload]``; each payload is one
+of the structs below, encoded with msgspec. Nothing on the wire is pickled.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+import msgspec
+
+#: bumped whenever a struct below changes incompatibly
+PROTOCOL_VERSION = 1
+
+
+class MsgType(IntEnum):
+    # front end -> engine
+    HELLO = 1
+    REQUEST = 2
+    ABORT = 3
+    HEALTH = 4
+    HEARTBEAT = 5
+    GOODBYE = 6
+    SHUTDOWN = 7
+    # engine -> front end
+    HANDSHAKE = 17
+    OUTPUTS = 18
+    HEALTH_REPLY = 19
+    ERROR = 20
+
+
+class FinishReason(IntEnum):
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class _Wire(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, forbid_unknown_fields=False):
+    pass
+
+
+class SamplingParams(_Wire):
+    temperature: float = 1.0
+    top_p: float = 1.0
+    #: 0 turns top-k off
+    top_k: int = 0
+    #: same seed, same tokens; None draws from the engine's generator
+    seed: int | None = None
+    max_tokens: int = 256
+    #: no stop token is allowed before this many tokens
+    min_tokens: int = 0
+    #: stop tokens in addition to the model's own
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+
+class StructuredOutputSpec(_Wire):
+    #: json_schema | json_object | regex | choice | grammar | structural_tag
+    kind: str
+    #: schema / choices / structural tag as JSON text; regex; EBNF
+    value: str = ""
+
+
+class EngineCoreRequest(_Wire):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    structured_output: StructuredOutputSpec | None = None
+    #: True: the prompt closed (or skipped) the thinking; False: it may still come;
+    #: None: the front end set no reasoning parser
+    reasoning_ended: bool | None = None
+    #: the chat-template kwargs, so the engine's reasoning parser reads the output as
+    #: the front end's does
+    reasoning_parser_kwargs: dict[str, Any] | None = None
+    #: most thinking tokens before the engine forces the end-of-thinking marker
+    reasoning_budget: int | None = None
+    arrival_time: float = 0.0
+
+
+class AbortRequests(_Wire):
+    request_ids: list[str]
+
+
+class EngineCoreOutput(_Wire):
+    request_id: str
+    new_token_ids: list[int] = []
+    finish_reason: FinishReason | None = None
+    #: the stop token that ended the request, if one did
+    stop_reason: int | None = None
+    error: str | None = None
+    num_reasoning_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class EngineCoreOutputs(_Wire):
+    outputs: list[EngineCoreOutput]
+    timestamp: float = 0.0
+
+
+class Hello(_Wire):
+    protocol_version: int
+    client_id: str
+
+
+class Handshake(_Wire):
+    protocol_version: int
+    model: str
+    tokenizer: str
+    vocab_rows: int
+    reasoning_parser: str | None
+    max_num_seqs: int
+    engine_pid: int
+    extra_special_tokens: list[str] = []
+    device: str = "cpu"
+
+
+class HealthRequest(_Wire):
+    nonce: int
+
+
+class HealthReply(_Wire):
+    nonce: int
+    num_running: int
+    num_waiting: int
+    num_steps: int
+
+
+class Heartbeat(_Wire):
+    timestamp: float = 0.0
+
+
+class Goodbye(_Wire):
+    reason: str = ""
+
+
+class Shutdown(_Wire):
+    reason: str = ""
+
+
+class ErrorNotice(_Wire):
+    """The engine could not use a frame. ``request_id`` names the request it failed,
+    when the frame got far enough to tell."""
+
+    message: str
+    request_id: str | None = None
+
+
+MESSAGE_TYPES: dict[MsgType, type[_Wire]] = {
+    MsgType.HELLO: Hello,
+    MsgType.REQUEST: EngineCoreRequest,
+    MsgType.ABORT: AbortRequests,
+    MsgType.HEALTH: HealthRequest,
+    MsgType.HEARTBEAT: Heartbeat,
+    MsgType.GOODBYE: Goodbye,
+    MsgType.SHUTDOWN: Shutdown,
+    MsgType.HANDSHAKE: Handshake,
+    MsgType.OUTPUTS: EngineCoreOutputs,
+    MsgType.HEALTH_REPLY: HealthReply,
+    MsgType.ERROR: ErrorNotice,
+}
+TYPE_OF: dict[type[_Wire], MsgType] = {cls: t for t, cls in MESSAGE_TYPES.items()}

@@ -1,0 +1,274 @@
+"""Compiling grammars off the scheduling thread, with a time limit, a size limit and
+a cache bounded in bytes.
+
+Each worker process is driven by one dispatcher thread of this process. A compile
+that outlives its time limit has its worker killed and replaced; the request gets a
+`GrammarError`, and nothing else waits on it. Results come back serialized and are
+rebuilt here (xgrammar releases the GIL while doing so).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from .compile_worker import CompileJob, CompileReply, WorkerInit, read_frame, write_frame
+from .specs import CompileOptions, GrammarError, GrammarSpec, check_spec
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+    from tokenization import Tokenizer
+
+log = logging.getLogger(__name__)
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class GrammarCache:
+    """Compiled grammars by spec, least recently used first out, bounded in bytes."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._items: OrderedDict[GrammarSpec, tuple[xgr.CompiledGrammar, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, spec: GrammarSpec) -> xgr.CompiledGrammar | None:
+        with self._lock:
+            item = self._items.get(spec)
+            if item is None:
+                return None
+            self._items.move_to_end(spec)
+            return item[0]
+
+    def put(self, spec: GrammarSpec, grammar: xgr.CompiledGrammar) -> None:
+        size = max(int(grammar.memory_size_bytes), len(spec.value))
+        if size > self.limit_bytes:
+            return
+        with self._lock:
+            old = self._items.pop(spec, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._items[spec] = (grammar, size)
+            self._bytes += size
+            while self._bytes > self.limit_bytes:
+                _, (_, evicted) = self._items.popitem(last=False)
+                self._bytes -= evicted
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _Job:
+    __slots__ = ("spec", "future")
+
+    def __init__(self, spec: GrammarSpec) -> None:
+        self.spec = spec
+        self.future: Future[xgr.CompiledGrammar] = Future()
+
+
+class _Worker:
+    """One compile worker process, used by one dispatcher thread only."""
+
+    def __init__(self, init: bytes, start_timeout_s: float) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "structured_output.compile_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin = self.proc.stdin
+        self.stdout = self.proc.stdout
+        write_frame(self.stdin, init)
+        reply = self.read(start_timeout_s)
+        if reply is None or reply.job_id != -1:
+            self.kill()
+            raise RuntimeError("grammar compile worker failed to start")
+
+    def read(self, timeout_s: float) -> CompileReply | None:
+        """The next reply, or None on timeout or a dead worker."""
+        ready, _, _ = select.select([self.stdout], [], [], max(0.0, timeout_s))
+        if not ready:
+            return None
+        raw = read_frame(self.stdout)  # the worker writes whole frames at once
+        if raw is None:
+            return None
+        return msgspec.msgpack.decode(raw, type=CompileReply)
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        for f in (self.stdin, self.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class CompileService:
+    """Asynchronous, cached, time-limited grammar compilation."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        options: CompileOptions,
+        tokenizer_info: xgr.TokenizerInfo,
+        *,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        cache_bytes: int = 512 << 20,
+        worker_memory_bytes: int = 8 << 30,
+        worker_start_timeout_s: float = 120.0,
+    ) -> None:
+        self.options = options
+        self.timeout_s = timeout_s
+        self.cache = GrammarCache(cache_bytes)
+        self._info = tokenizer_info
+        self._init = msgspec.msgpack.encode(
+            WorkerInit(
+                token_bytes=list(tokenizer.all_token_bytes),
+                vocab_rows=tokenizer.vocab_rows,
+                stop_token_ids=list(tokenizer.stop_token_ids),
+                max_whitespace=options.max_whitespace,
+                max_spec_bytes=options.max_spec_bytes,
+                memory_limit_bytes=worker_memory_bytes,
+            )
+        )
+        self._start_timeout_s = worker_start_timeout_s
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._inflight: dict[GrammarSpec, _Job] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._closed = False
+        self.num_timeouts = 0
+        self.num_compiled = 0
+        self._threads = [
+            threading.Thread(target=self._dispatch, name=f"thinkgate-compile-{i}", daemon=True)
+            for i in range(max(1, num_workers))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, spec: GrammarSpec) -> Future[xgr.CompiledGrammar]:
+        """A future of the compiled grammar (already done on a cache hit or a spec
+        that fails its checks). Never blocks."""
+        hit = self.cache.get(spec)
+        if hit is not None:
+            return _done(hit)
+        try:
+            check_spec(spec, self.options)
+        except GrammarError as e:
+            return _failed(e)
+        with self._lock:
+            if self._closed:
+                return _failed(GrammarError("the engine is shutting down"))
+            job = self._inflight.get(spec)
+            if job is None:
+                job = self._inflight[spec] = _Job(spec)
+                self._jobs.put(job)
+        return job.future
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _finish(self, job: _Job, grammar: xgr.CompiledGrammar | None, error: str | None) -> None:
+        with self._lock:
+            self._inflight.pop(job.spec, None)
+        if grammar is not None:
+            self.cache.put(job.spec, grammar)
+            self.num_compiled += 1
+            job.future.set_result(grammar)
+        else:
+            job.future.set_exception(GrammarError(error or "grammar compilation failed"))
+
+    def _dispatch(self) -> None:
+        import xgrammar as xgr
+
+        worker: _Worker | None = None
+        try:
+            while True:
+                if worker is None and not self._closed:
+                    try:
+                        worker = _Worker(self._init, self._start_timeout_s)
+                    except (OSError, RuntimeError) as e:
+                        log.error("cannot start a grammar compile worker: %s", e)
+                job = self._jobs.get()
+                if job is None:
+                    return
+                if worker is None:
+                    self._finish(job, None, "no grammar compile worker is available")
+                    continue
+                job_id = next(self._ids)
+                deadline = time.monotonic() + self.timeout_s
+                try:
+                    write_frame(worker.stdin, msgspec.msgpack.encode(
+                        CompileJob(job_id, job.spec.kind.value, job.spec.value)))
+                except OSError:
+                    reply = None
+                else:
+                    reply = worker.read(self.timeout_s)
+                if reply is None or reply.job_id != job_id:
+                    timed_out = worker.proc.poll() is None and time.monotonic() >= deadline
+                    worker.kill()
+                    worker = None
+                    if timed_out:
+                        self.num_timeouts += 1
+                        msg = (f"{job.spec.kind.value} compilation exceeded the time limit of "
+                               f"{self.timeout_s:g} s")
+                    else:
+                        msg = f"the grammar compiler failed on this {job.spec.kind.value}"
+                    self._finish(job, None, msg)
+                elif not reply.ok:
+                    self._finish(job, None, reply.error)
+                else:
+                    try:
+                        grammar = xgr.CompiledGrammar.deserialize_json(reply.grammar_json, self._info)
+                    except (RuntimeError, ValueError) as e:
+                        self._finish(job, None, f"compiled grammar could not be loaded: {e}")
+                    else:
+                        self._finish(job, grammar, None)
+        finally:
+            if worker is not None:
+                worker.kill()
+
+
+def _done(grammar: xgr.CompiledGrammar) -> Future[xgr.CompiledGrammar]:
+    f: Future[xgr.CompiledGrammar] = Future()
+    f.set_result(grammar)
+    return f
+
+
+def _failed(error: BaseException) -> Future[xgr.CompiledGrammar]:
+    f: Future[xgr.CompiledGrammar] = Future()
+    f.set_exception(error)
+    return f

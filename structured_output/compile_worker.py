@@ -1,0 +1,100 @@
+"""A grammar-compiling worker process (``python -m structured_output.compile_worker``).
+
+Compiling runs here, not in the engine, so that a compile past its time limit can be
+stopped (the worker is killed and replaced), a huge grammar cannot exhaust the
+engine's memory (the worker's address space is capped), and a crash in the compiler
+costs one request, not the engine. The pipe carries length-prefixed msgspec frames.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from typing import BinaryIO
+
+import msgspec
+
+_LEN = struct.Struct("<I")
+
+
+class WorkerInit(msgspec.Struct, array_like=True):
+    token_bytes: list[bytes]
+    vocab_rows: int
+    stop_token_ids: list[int]
+    max_whitespace: int
+    max_spec_bytes: int
+    memory_limit_bytes: int = 0
+
+
+class CompileJob(msgspec.Struct, array_like=True):
+    job_id: int
+    kind: str
+    value: str
+
+
+class CompileReply(msgspec.Struct, array_like=True):
+    job_id: int
+    ok: bool
+    grammar_json: str = ""
+    error: str = ""
+
+
+def write_frame(stream: BinaryIO, data: bytes) -> None:
+    stream.write(_LEN.pack(len(data)))
+    stream.write(data)
+    stream.flush()
+
+
+def read_frame(stream: BinaryIO) -> bytes | None:
+    """One frame, or None at end of stream."""
+    head = stream.read(_LEN.size)
+    if len(head) < _LEN.size:
+        return None
+    (size,) = _LEN.unpack(head)
+    data = stream.read(size)
+    return data if len(data) == size else None
+
+
+def main() -> int:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but frames may reach the pipe
+    enc = msgspec.msgpack.Encoder()
+    raw = read_frame(stdin)
+    if raw is None:
+        return 1
+    init = msgspec.msgpack.decode(raw, type=WorkerInit)
+    if init.memory_limit_bytes > 0:
+        import resource
+
+        limit = init.memory_limit_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    import xgrammar as xgr
+
+    from .specs import CompileOptions, GrammarError, GrammarSpec, compile_spec
+    from .vocab import build_tokenizer_info
+
+    info = build_tokenizer_info(init.token_bytes, init.vocab_rows, init.stop_token_ids)
+    del init.token_bytes
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    options = CompileOptions(max_whitespace=init.max_whitespace, max_spec_bytes=init.max_spec_bytes)
+    write_frame(stdout, enc.encode(CompileReply(job_id=-1, ok=True)))
+    dec = msgspec.msgpack.Decoder(CompileJob)
+    while (raw := read_frame(stdin)) is not None:
+        job = dec.decode(raw)
+        try:
+            compiled = compile_spec(compiler, GrammarSpec.of(job.kind, job.value), options)
+            reply = CompileReply(job.job_id, True, grammar_json=compiled.serialize_json())
+        except GrammarError as e:
+            reply = CompileReply(job.job_id, False, error=str(e))
+        except MemoryError:
+            reply = CompileReply(job.job_id, False, error="grammar is too large to compile")
+        write_frame(stdout, enc.encode(reply))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (BrokenPipeError, KeyboardInterrupt):
+        sys.exit(0)  # the engine went away

@@ -1,0 +1,216 @@
+"""The per-request gate between a reasoning tracker and a grammar matcher.
+
+Rules it keeps (DESIGN.md):
+
+- while thinking, no mask: the grammar sees nothing of the thought;
+- from the answer's first token on, every token goes through the matcher; a token
+  that ends thinking implicitly (Qwen3's ``<tool_call>``) is that first token;
+- right after an explicit end marker, the family's separator (Qwen3's ``\\n\\n``) is
+  allowed before the grammar's first token, and is not fed to the matcher;
+- where the model may still open its thinking (UNDECIDED), the mask is the grammar's
+  plus the start marker's next token; tokens the grammar accepts meanwhile are fed
+  tentatively and rolled back if the thinking opens;
+- an implicit-end token that the grammar would reject is banned while thinking, so
+  ending the thought can never produce an invalid answer;
+- a reasoning budget forces the end marker once the thought is that long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from reasoning import AnswerStart, Phase, ReasoningTracker
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+
+class SeparatorTable:
+    """For a separator such as ``b"\\n\\n"``: for each remaining suffix, the ids whose
+    bytes are a non-empty prefix of it."""
+
+    __slots__ = ("separator", "_by_remaining")
+
+    def __init__(self, separator: bytes, token_bytes: Sequence[bytes]) -> None:
+        self.separator = separator
+        suffixes = {separator[i:] for i in range(len(separator))}
+        by: dict[bytes, list[int]] = {s: [] for s in suffixes}
+        if separator:
+            for tid, b in enumerate(token_bytes):
+                if b and len(b) <= len(separator) and separator.startswith(b[:1]):
+                    for s in suffixes:
+                        if s.startswith(b):
+                            by[s].append(tid)
+        self._by_remaining = {s: tuple(ids) for s, ids in by.items()}
+
+    def allowed(self, remaining: bytes) -> tuple[int, ...]:
+        return self._by_remaining.get(remaining, ())
+
+
+class GuideError(Exception):
+    """The request cannot go on (a token its grammar rejects); the message says why."""
+
+
+class RequestGuide:
+    """Reasoning tracker + optional grammar matcher of one request.
+
+    The engine calls `accept` once per generated token, in order; between steps it
+    reads `needs_mask`, `extra_allowed`, `forced_token` and `banned` to build the
+    step's constraints.
+    """
+
+    __slots__ = (
+        "tracker",
+        "matcher",
+        "phase",
+        "budget",
+        "banned",
+        "_sep_table",
+        "_sep_remaining",
+        "_tentative",
+        "_matcher_alive",
+        "_forced",
+        "_token_bytes",
+    )
+
+    def __init__(
+        self,
+        tracker: ReasoningTracker | None,
+        matcher: xgr.GrammarMatcher | None,
+        *,
+        separator: SeparatorTable | None = None,
+        implicit_end_ids: Sequence[int] = (),
+        budget: int | None = None,
+        token_bytes: Sequence[bytes] = (),
+    ) -> None:
+        self.tracker = tracker
+        self.matcher = matcher
+        self.phase = tracker.phase if tracker is not None else Phase.ANSWER
+        self.budget = budget
+        self._sep_table = separator
+        self._sep_remaining = b""
+        self._tentative = 0
+        self._matcher_alive = True
+        self._forced: list[int] = []
+        self._token_bytes = token_bytes
+        #: ids never allowed while thinking: implicit ends the grammar would reject
+        self.banned: tuple[int, ...] = ()
+        if matcher is not None and implicit_end_ids:
+            self.banned = tuple(t for t in implicit_end_ids if not _starts_with(matcher, t))
+
+    # ----- read between steps -------------------------------------------------
+
+    @property
+    def needs_mask(self) -> bool:
+        """Whether this step's row must be masked by the grammar."""
+        return self.matcher is not None and self.phase != Phase.THINKING and self._matcher_alive
+
+    @property
+    def thinking(self) -> bool:
+        return self.phase == Phase.THINKING
+
+    def extra_allowed(self) -> Sequence[int]:
+        """Ids to allow beside the grammar's mask this step (usually none)."""
+        if self.phase == Phase.UNDECIDED and self.tracker is not None:
+            return self.tracker.start_marker_continuations()
+        if self._sep_remaining and self._sep_table is not None:
+            return self._sep_table.allowed(self._sep_remaining)
+        return ()
+
+    def forced_token(self) -> int | None:
+        """The id this step must produce (a reasoning budget ran out), or None."""
+        if self._forced:
+            return self._forced[0]
+        if (
+            self.budget is not None
+            and self.phase == Phase.THINKING
+            and self.tracker is not None
+            and self.tracker.num_reasoning_tokens >= self.budget
+        ):
+            self._forced = list(self.tracker.end_marker_ids())
+            return self._forced[0] if self._forced else None
+        return None
+
+    @property
+    def num_reasoning_tokens(self) -> int:
+        return self.tracker.num_reasoning_tokens if self.tracker is not None else 0
+
+    @property
+    def terminated(self) -> bool:
+        return self.matcher is not None and self.matcher.is_terminated()
+
+    # ----- feed -------------------------------------------------------------------
+
+    def accept(self, token_id: int, output_ids: Sequence[int]) -> None:
+        """Feed one generated token; ``output_ids`` is the output so far, this token
+        included. Raises `GuideError` when the grammar rejects it."""
+        if self._forced and self._forced[0] == token_id:
+            self._forced.pop(0)
+        phase = self.phase
+        if phase == Phase.ANSWER:
+            self._accept_answer(token_id)
+            return
+        tracker = self.tracker
+        assert tracker is not None
+        if phase == Phase.UNDECIDED and self.matcher is not None and self._matcher_alive:
+            if self.matcher.accept_token(token_id):
+                self._tentative += 1
+            else:
+                self._drop_tentative()
+                self._matcher_alive = False
+        start = tracker.advance((token_id,))
+        self.phase = tracker.phase
+        if self.phase == Phase.THINKING:
+            self._drop_tentative()
+            self._matcher_alive = True
+        elif self.phase == Phase.ANSWER:
+            self._begin_answer(start, phase, output_ids)
+
+    def _accept_answer(self, token_id: int) -> None:
+        if self.matcher is None:
+            return
+        if self._sep_remaining:
+            tb = self._token_bytes[token_id] if token_id < len(self._token_bytes) else b""
+            if tb and self._sep_remaining.startswith(tb):
+                self._sep_remaining = self._sep_remaining[len(tb) :]
+                return
+            self._sep_remaining = b""
+        if not self.matcher.accept_token(token_id):
+            raise GuideError(f"the grammar rejected token {token_id} after the end of thinking")
+
+    def _begin_answer(self, start: AnswerStart | None, was: Phase, output_ids: Sequence[int]) -> None:
+        """Thinking just ended on the last fed token."""
+        matcher = self.matcher
+        if matcher is None:
+            return
+        if was == Phase.UNDECIDED:
+            # The tentative tokens were the answer's first tokens.
+            if not self._matcher_alive:
+                raise GuideError("the answer began with a token its grammar rejects")
+            self._tentative = 0
+            return
+        index = start.index if start is not None else 1
+        prefix = start.prefix if start is not None else b""
+        if index <= 0:
+            # The answer includes the closing token (and maybe earlier ones).
+            for tid in output_ids[len(output_ids) - 1 + index :]:
+                if not matcher.accept_token(tid):
+                    raise GuideError(f"the answer began with token {tid}, which its grammar rejects")
+        elif self._sep_table is not None:
+            self._sep_remaining = self._sep_table.separator
+        if prefix and not matcher.accept_string(prefix):
+            raise GuideError("the answer's first characters are rejected by its grammar")
+
+    def _drop_tentative(self) -> None:
+        if self._tentative and self.matcher is not None:
+            self.matcher.rollback(self._tentative)
+        self._tentative = 0
+
+
+def _starts_with(matcher: xgr.GrammarMatcher, token_id: int) -> bool:
+    """Whether a fresh ``matcher`` accepts ``token_id`` first (state unchanged)."""
+    if matcher.accept_token(token_id):
+        matcher.rollback(1)
+        return True
+    return False
