@@ -9,7 +9,7 @@ import pytest
 import xgrammar as xgr
 
 from reasoning import Phase, create_reasoning_parser
-from structured_output import CompileOptions, GrammarSpec, compile_spec, tokenizer_info_for
+from structured_output import GrammarSpec, LocalCompiler
 from structured_output.guide import GuideError, RequestGuide, SeparatorTable
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -25,16 +25,11 @@ TOOL_TAG = {
 
 
 @pytest.fixture(scope="module")
-def compiler(qwen3):
-    return xgr.GrammarCompiler(tokenizer_info_for(qwen3))
-
-
-@pytest.fixture(scope="module")
-def grammars(compiler):
-    opts = CompileOptions()
+def grammars(qwen3):
+    compiler = LocalCompiler(qwen3)
     return {
-        "json": compile_spec(compiler, GrammarSpec.of("json_schema", json.dumps(SCHEMA)), opts),
-        "tool": compile_spec(compiler, GrammarSpec.of("structural_tag", json.dumps(TOOL_TAG)), opts),
+        "json": compiler.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMA))),
+        "tool": compiler.compile(GrammarSpec.of("structural_tag", json.dumps(TOOL_TAG))),
     }
 
 
