@@ -164,8 +164,7 @@ def require_special(parser: ReasoningParser, marker: str) -> int:
 
 
 class TextMarkersParser(ReasoningParser):
-    #: spellings of the text that opens reasoning, canonical first (empty: the family
-    #: never opens reasoning in the output; it starts inside it or not at all)
+    #: spellings of the text that opens reasoning, canonical first
     start_markers: ClassVar[tuple[str, ...]] = ()
     #: spellings of the text that closes reasoning, canonical first
     end_markers: ClassVar[tuple[str, ...]] = ()
@@ -182,9 +181,7 @@ class TextMarkersParser(ReasoningParser):
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: Mapping[str, Any] | None = None):
         super().__init__(tokenizer, chat_template_kwargs)
-        self.start = (
-            Markers([m.encode() for m in self.start_markers]) if self.start_markers else None
-        )
+        self.start = Markers([m.encode() for m in self.start_markers])
         self.end = Markers([m.encode() for m in self.end_markers])
         self._implicit = tuple(require_special(self, m) for m in self.implicit_end_markers)
         self._turn_ids = special_ids(tokenizer, self.turn_markers)
@@ -197,12 +194,12 @@ class TextMarkersParser(ReasoningParser):
 
     def default_phase(self) -> Phase:
         """How the output starts when the prompt's current turn holds no marker."""
-        return Phase.UNDECIDED if self.start is not None else Phase.THINKING
+        return Phase.UNDECIDED
 
     def prompt_phase(self, prompt_token_ids: Sequence[int]) -> Phase:
         text = self.tokenizer.decode_bytes(current_turn(prompt_token_ids, self._turn_ids))
         end_at = self.end.rfind(text)
-        start_at = self.start.rfind(text) if self.start is not None else -1
+        start_at = self.start.rfind(text)
         if end_at < 0 and start_at < 0:
             return self.default_phase()
         return Phase.ANSWER if end_at > start_at else Phase.THINKING
@@ -213,17 +210,17 @@ class TextMarkersParser(ReasoningParser):
     def continuations(self, written: bytes) -> tuple[int, ...]:
         """`text_continuations` of the start marker, cached per written prefix."""
         ids = self._continuations.get(written)
-        if ids is None and self.start is not None:
+        if ids is None:
             ids = self._continuations[written] = text_continuations(
                 self.tokenizer, written, self.start
             )
-        return ids or ()
+        return ids
 
     def end_ids(self, written: bytes) -> tuple[int, ...]:
         """The ids of the rest of the end marker after ``written``, cached."""
         ids = self._end_ids.get(written)
         if ids is None:
-            rest = self.end.rest_after(written).decode("utf-8", errors="surrogateescape")
+            rest = self.end.rest_after(written).decode()
             ids = self._end_ids[written] = tuple(self.tokenizer.encode(rest, special=False))
         return ids
 
@@ -253,7 +250,7 @@ class TextMarkersTracker(ReasoningTracker):
         self._held = b""
         self._marks: tuple[int, ...] = ()
         self._undecided = 0
-        self._mode = _LEAD if (phase == Phase.THINKING and parser.start is not None) else _SCAN
+        self._mode = _LEAD if phase == Phase.THINKING else _SCAN
         wrapper = parser.answer_wrapper
         self._wrap: WrapperState | None = wrapper.initial() if wrapper is not None else None
 
@@ -353,7 +350,6 @@ class TextMarkersTracker(ReasoningTracker):
                 continue
             data = tb(tid)
             if phase == Phase.UNDECIDED:
-                assert p.start is not None
                 buf = self._held + data
                 opened = None if tid in implicit else p.start.completed_by(buf)
                 if opened is None:
@@ -386,7 +382,6 @@ class TextMarkersTracker(ReasoningTracker):
             elif not data:
                 continue
             elif self._mode == _LEAD:
-                assert p.start is not None
                 buf = self._held + data
                 marks = (*self._marks, len(self._held))
                 opened = p.start.completed_by(buf)
