@@ -94,7 +94,7 @@ def _text(
     return oracle
 
 
-THINK_TEXT = ("<think>", "</think>", "</think>\n\n", "<thi")
+THINK_TEXT = ("<think>", "</think>", "</think>\n\n", "<thi", "</thi", "</")
 ERNIE_WRAP = oracles.wrapper_stripper(b"<response>", b"</response>", True)
 HUNYUAN_WRAP = oracles.wrapper_stripper(b"<answer>", b"</answer>", False)
 GRANITE_TEXT = (
@@ -346,15 +346,19 @@ def parser_for(case: Case) -> ReasoningParser:
     return parser
 
 
-def _encodings(tok: Tokenizer, text: str) -> st.SearchStrategy[list[int]]:
-    """``text`` as ordinary tokens: whole, cut in two at any character, or one UTF-8
-    byte-group per token (so multi-byte characters and markers are cut anywhere)."""
-    whole = st.just(tok.encode(text, special=False))
-    cut = st.integers(0, len(text)).map(
-        lambda i: tok.encode(text[:i], special=False) + tok.encode(text[i:], special=False)
-    )
-    per_char = st.just([t for ch in text for t in tok.encode(ch, special=False)])
-    return st.one_of(whole, cut, per_char)
+def _encodings(tok: Tokenizer, texts: Sequence[str]) -> st.SearchStrategy[list[int]]:
+    """One of ``texts`` as ordinary tokens: whole, cut in two at any character, or one
+    character per token (so multi-byte characters and markers are cut anywhere)."""
+    fixed = [tok.encode(t, special=False) for t in texts]
+    fixed += [[i for ch in t for i in tok.encode(ch, special=False)] for t in texts]
+
+    def cut(text_and_at: tuple[str, float]) -> list[int]:
+        text, at = text_and_at
+        i = int(at * (len(text) + 1))
+        return tok.encode(text[:i], special=False) + tok.encode(text[i:], special=False)
+
+    cuts = st.tuples(st.sampled_from(texts), st.floats(0, 1, exclude_max=True)).map(cut)
+    return st.one_of(st.sampled_from(fixed), cuts)
 
 
 def output_strategy(case: Case) -> st.SearchStrategy[list[int]]:
@@ -379,7 +383,7 @@ def _output_strategy(case: Case) -> st.SearchStrategy[list[int]]:
         with_specials = tok.encode(m)
         if with_specials != tok.encode(m, special=False):
             return st.just(with_specials)
-        return _encodings(tok, m)
+        return _encodings(tok, [m])
 
     def optional(markers: tuple[str | tuple[str, ...], ...]) -> st.SearchStrategy[list[int]]:
         return st.one_of(st.just([]), *(marker(m) for m in markers))
@@ -394,7 +398,7 @@ def _output_strategy(case: Case) -> st.SearchStrategy[list[int]]:
 def _soup(case: Case, tok: Tokenizer, *, with_specials: bool) -> st.SearchStrategy[list[int]]:
     texts = COMMON_TEXT + case.texts
     pieces: list[st.SearchStrategy[list[int]]] = [
-        st.sampled_from(texts).flatmap(lambda s: _encodings(tok, s)),
+        _encodings(tok, texts),
         ordinary_ids(tok).map(lambda t: [t]),
     ]
     if case.specials and with_specials:
@@ -412,11 +416,12 @@ def ordinary_ids(tok: Tokenizer) -> st.SearchStrategy[int]:
     return st.integers(0, top).filter(lambda t: bool(tok.token_bytes(t)) and not tok.is_special(t))
 
 
-def chunkings(n: int) -> st.SearchStrategy[list[int]]:
-    """Chunk sizes (>= 1) that sum to ``n``."""
+def chunkings(n: int, max_parts: int | None = None) -> st.SearchStrategy[list[int]]:
+    """Chunk sizes (>= 1) that sum to ``n``, at most ``max_parts`` of them."""
     if n == 0:
         return st.just([])
-    return st.lists(st.integers(1, n), max_size=n).map(lambda cuts: _sizes(n, cuts))
+    most = n if max_parts is None else min(n, max_parts)
+    return st.lists(st.integers(1, n), max_size=most - 1).map(lambda cuts: _sizes(n, cuts))
 
 
 def _sizes(n: int, cuts: list[int]) -> list[int]:

@@ -20,7 +20,13 @@ from reasoning import AnswerStart, Phase, ReasoningStream, ReasoningTracker
 
 from .cases import CASES, Case, chunkings, chunks, output_strategy, parser_for, tokenizer_for
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+def _settings(examples: int) -> settings:
+    """Example counts sized so the whole suite runs in well under a minute on 2 cores."""
+    return settings(
+        max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+
 
 pytestmark = pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 
@@ -63,7 +69,7 @@ def _feed_engine(
     return found
 
 
-@SETTINGS
+@_settings(100)
 @given(data=st.data())
 def test_split_matches_oracle_and_stream(case: Case, data: st.DataObject) -> None:
     parser, tok = parser_for(case), tokenizer_for(case)
@@ -99,7 +105,7 @@ def test_split_matches_oracle_and_stream(case: Case, data: st.DataObject) -> Non
     assert hidden.num_reasoning_tokens == stream.num_reasoning_tokens
 
 
-@SETTINGS
+@_settings(60)
 @given(data=st.data())
 def test_engine_agrees_with_front_end(case: Case, data: st.DataObject) -> None:
     # (2): the engine's answer start (its own chunking) is the front end's
@@ -115,7 +121,7 @@ def test_engine_agrees_with_front_end(case: Case, data: st.DataObject) -> None:
     assert engine.num_reasoning_tokens == front.num_reasoning_tokens
 
 
-@SETTINGS
+@_settings(60)
 @given(data=st.data())
 def test_rollback_then_refeed(case: Case, data: st.DataObject) -> None:
     # (5): a tracker fed P, then X, rolled back over all of X (or part of it), then fed
@@ -125,7 +131,7 @@ def test_rollback_then_refeed(case: Case, data: st.DataObject) -> None:
     junk = data.draw(output_strategy(case), label="junk")
     cut = data.draw(st.integers(0, len(ids)), label="cut")
     prefix, suffix = ids[:cut], ids[cut:]
-    x_parts = chunks(junk, data.draw(chunkings(len(junk)).filter(lambda s: len(s) <= 8)))
+    x_parts = chunks(junk, data.draw(chunkings(len(junk), max_parts=8)))
     undo = data.draw(st.integers(0, len(junk)), label="undo")
     kept = junk[: len(junk) - undo]
     p_parts = chunks(prefix, data.draw(chunkings(len(prefix))))
@@ -148,7 +154,7 @@ def test_rollback_then_refeed(case: Case, data: st.DataObject) -> None:
         assert rolled.num_reasoning_tokens == plain.num_reasoning_tokens
 
 
-@SETTINGS
+@_settings(50)
 @given(data=st.data())
 def test_engine_hints(case: Case, data: st.DataObject) -> None:
     """In UNDECIDED, a start-marker continuation never starts the answer; in THINKING,
