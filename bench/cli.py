@@ -7,6 +7,8 @@ import argparse
 import sys
 import time
 
+import torch
+
 from . import states
 from .common import cuda_missing, device_name, pair_plot, pair_table, write_json
 
@@ -28,6 +30,9 @@ def _names(choices: tuple[str, ...]):
 
 def _common(p: argparse.ArgumentParser, *, iters: int, warmup: int) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    p.add_argument(
+        "--torch-threads", type=int, help="torch intra-op threads (default: torch's own)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of states, logits and uniforms")
     p.add_argument("--json", metavar="PATH", help="write the records here")
     p.add_argument("--plot", metavar="PATH", help="draw a PNG here")
@@ -85,6 +90,14 @@ def parser() -> argparse.ArgumentParser:
         "structured-output overhead per request mix",
     )
     _common(p, iters=100, warmup=20)
+    p.add_argument(
+        "--prototype-sampler",
+        action="store_true",
+        help="measure bench.proposals.ProposedSampler in the engine (a prototype)",
+    )
+    p.add_argument(
+        "--engine-torch-threads", type=int, help="torch intra-op threads of the engine process"
+    )
     p.add_argument("--max-tokens", type=int, default=4096, help="of each request (default 4096)")
     p.add_argument("--batch-size", type=int, default=256, help="running rows (default 256)")
     p.add_argument(
@@ -113,6 +126,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     why = cuda_missing(args.device)
     if why:
         print(f"thinkgate bench {args.bench}: {why}")

@@ -123,6 +123,7 @@ def environment() -> dict[str, Any]:
         "numpy": np.__version__,
         "machine": f"{platform.machine()} {cpu}, {os.cpu_count()} cores",
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
         "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 
@@ -265,8 +266,10 @@ def pair_plot(records: Sequence[Record], path: str | os.PathLike[str], title: st
         axr.plot(
             [r.batch_size for r in es], [r.ratio for r in es], "-o", color=f"C{vi}", label=vocab
         )
+    sizes = sorted({r.batch_size for r in records})
     for a in (ax, axr):
         a.set_xscale("log", base=2)
+        a.set_xticks(sizes, [str(s) for s in sizes])
         a.set_xlabel("batch size (rows)")
         a.grid(True, which="both", alpha=0.3)
     ax.set_yscale("log")

@@ -22,7 +22,7 @@ from structured_output.bitmask import BitmaskFiller
 from structured_output.guide import RequestGuide
 
 from . import states
-from .common import Method, Record, environment, pair_records, side_by_side
+from .common import Method, Record, environment, p50, pair_records, side_by_side
 
 
 def _methods(
@@ -42,9 +42,15 @@ def _methods(
             m.fill_next_token_bitmask(mask, i)
         return mask
 
+    def alloc_only() -> torch.Tensor:
+        mask = xgr.allocate_token_bitmask(b, vocab_rows)
+        return mask.pin_memory() if cuda else mask
+
     return {
         "engine": lambda: lambda: filler.fill(index, guides),
         "baseline": lambda: baseline_step,
+        #: the baseline's allocation alone, to tell its two costs apart
+        "alloc": lambda: alloc_only,
     }
 
 
@@ -72,6 +78,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                 where = f"{vocab_name}, batch {b}"
                 raise AssertionError(f"fill: engine and baseline masks differ ({where})")
             times = side_by_side(methods, iters=args.iters, warmup=args.warmup, device=args.device)
+            alloc = times.pop("alloc")
             records += pair_records(
                 "fill",
                 times,
@@ -85,6 +92,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                 grammars=args.grammars,
                 env=env,
                 extra={
+                    "baseline_alloc_median_us": round(p50(alloc), 1),
                     "batch_threshold": filler.batch_threshold,
                     "fill_threads": args.fill_threads,
                     "mean_prefix_tokens": round(sum(len(r.prefix) for r in rows[:b]) / b, 1),

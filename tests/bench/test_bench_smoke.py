@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from bench import proposals, summary
 from bench.cli import main
 
 REQUIRED = {"bench", "device", "vocab_rows", "batch_size", "method", "median_us", "p90_us"}
@@ -31,6 +32,8 @@ def test_pair_bench(bench, tmp_path, capsys):
     assert all(r["vocab_rows"] == 151936 for r in records)
     assert png.stat().st_size > 0
     assert "b/a" in capsys.readouterr().out
+    assert summary.main([str(out)]) == 0
+    assert "baseline / engine" in capsys.readouterr().out
 
 
 def test_e2e(tmp_path):
@@ -59,6 +62,14 @@ def test_e2e(tmp_path):
     ] == [(0.0, 0.0), (1.0, 0.0), (0.0, 0.5), (1.0, 0.5)]
     assert all(r["iters"] >= 4 for r in records)
     assert png.stat().st_size > 0
+    assert summary.main([str(out)]) == 0
+
+
+@pytest.mark.parametrize("what", ["sampler", "threshold"])
+def test_proposals(what, capsys):
+    args = [what, "--vocabs", "qwen3", "--batch-sizes", "8", "--iters", "1", "--warmup", "0"]
+    assert proposals.main(args) == 0
+    assert "qwen3" in capsys.readouterr().out
 
 
 def test_cuda_skips_cleanly_without_cuda(capsys):
