@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from engine_core.sampler import Sampler, SamplingBatch, StepConstraints
+from structured_output.apply import allowed_counts
 from structured_output.bitmask import BitmaskFiller
 from structured_output.guide import RequestGuide
 
@@ -134,9 +135,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                 extra={
                     "masked_rows": int(len(masked_rows)),
                     "sparse_rows": int(
-                        (
-                            np.count_nonzero(words[masked_rows], axis=1) <= sampler.max_sparse_words
-                        ).sum()
+                        (allowed_counts(words[masked_rows]) <= sampler.max_sparse_ids).sum()
                     ),
                     "median_allowed_tokens": int(np.median(allowed_per_row)),
                 },

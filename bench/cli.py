@@ -91,11 +91,6 @@ def parser() -> argparse.ArgumentParser:
     )
     _common(p, iters=100, warmup=20)
     p.add_argument(
-        "--prototype-sampler",
-        action="store_true",
-        help="measure bench.proposals.ProposedSampler in the engine (a prototype)",
-    )
-    p.add_argument(
         "--engine-torch-threads", type=int, help="torch intra-op threads of the engine process"
     )
     p.add_argument("--max-tokens", type=int, default=4096, help="of each request (default 4096)")

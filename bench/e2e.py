@@ -159,7 +159,7 @@ async def _run(args: argparse.Namespace, probe_out: Path) -> list[tuple[float, b
     )
     address, own_dir = private_ipc_address()
     env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proto = ["--prototype-sampler"] if args.prototype_sampler else []
+    proto = []
     if args.engine_torch_threads:
         proto += ["--torch-threads", str(args.engine_torch_threads)]
     cmd = [
@@ -258,7 +258,6 @@ def run(args: argparse.Namespace) -> list[Record]:
                     "mean_masked_rows": round(float(probe["masked"][sel].mean()), 1),
                     "mean_thinking_rows": round(float(probe["thinking"][sel].mean()), 1),
                     "loadavg_1m": round(os.getloadavg()[0], 2),
-                    "prototype_sampler": args.prototype_sampler,
                     "engine_torch_threads": args.engine_torch_threads,
                 },
                 env=env,

@@ -7,8 +7,8 @@ last step's tokens to the guides and filling the masks, while the forward pass r
 the model thread), the forward pass itself (on the model thread), the time blocked
 waiting for it, the time of ``Sampler.sample``, and the batch's make-up (rows, masked
 rows, thinking rows). It writes them as JSON columns to PATH when the engine stops
-(SIGTERM). A few ``perf_counter`` calls per step are all it adds. Two options serve
-to measure proposed engine changes: ``--prototype-sampler`` and ``--torch-threads``.
+(SIGTERM). A few ``perf_counter`` calls per step are all it adds. ``--torch-threads``
+sets the engine's torch intra-op threads.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ COLUMNS = ("t", "step", "prepare", "forward", "wait", "sample", "rows", "masked"
 
 
 class ProbedCore(EngineCore):
-    def __init__(self, *args, sampler=None, **kwargs) -> None:
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if sampler is not None:
-            self.sampler = sampler(self.vocab_rows)
         self.probe: dict[str, list[float]] = {c: [] for c in COLUMNS}
         self._cur: dict[str, float] = {}
         forward, sample = self.runner.forward, self.sampler.sample
@@ -85,20 +83,9 @@ class ProbedCore(EngineCore):
         self._cur["rows"] = len(self.running)
 
 
-def _prototype():
-    from .proposals import ProposedSampler
-
-    return ProposedSampler
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.engine_probe", description=__doc__)
     ap.add_argument("--probe-out", required=True)
-    ap.add_argument(
-        "--prototype-sampler",
-        action="store_true",
-        help="use bench.proposals.ProposedSampler (a prototype) instead of Sampler",
-    )
     ap.add_argument("--torch-threads", type=int, help="torch intra-op threads of the engine")
     add_engine_arguments(ap)
     ns = ap.parse_args(argv)
@@ -109,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(ns.torch_threads)
 
     def make(*args, **kwargs):
-        core = ProbedCore(*args, sampler=_prototype() if ns.prototype_sampler else None, **kwargs)
+        core = ProbedCore(*args, **kwargs)
         cores.append(core)
         return core
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench import proposals, summary
+from bench import summary
 from bench.cli import main
 
 REQUIRED = {"bench", "device", "vocab_rows", "batch_size", "method", "median_us", "p90_us"}
@@ -63,13 +63,6 @@ def test_e2e(tmp_path):
     assert all(r["iters"] >= 4 for r in records)
     assert png.stat().st_size > 0
     assert summary.main([str(out)]) == 0
-
-
-@pytest.mark.parametrize("what", ["sampler", "threshold"])
-def test_proposals(what, capsys):
-    args = [what, "--vocabs", "qwen3", "--batch-sizes", "8", "--iters", "1", "--warmup", "0"]
-    assert proposals.main(args) == 0
-    assert "qwen3" in capsys.readouterr().out
 
 
 def test_cuda_skips_cleanly_without_cuda(capsys):
