@@ -63,6 +63,7 @@ class Sampler:
         n = logits.shape[0]
         tokens = np.empty(n, dtype=np.int64)
         full = np.ones(n, dtype=bool)
+        masked = np.zeros(n, dtype=bool)
         if cons.mask is not None and len(cons.mask.rows):
             rows = cons.mask.rows
             if logits.device.type == "cpu":
@@ -77,36 +78,49 @@ class Sampler:
                 # Rows that allow most of the vocabulary mask few logits: xgrammar's
                 # CPU kernel is fast for those (its cost grows with the masked count).
                 apply_bitmask_inplace(logits, cons.mask.buffer, rows[~small])
+                masked[rows[~small]] = True
             else:
                 hi = int(rows.max()) + 1
                 mask_dev = cons.mask.buffer[:hi].to(logits.device, non_blocking=True)
                 apply_bitmask_inplace(logits, mask_dev, rows)
+                masked[rows] = True
         full_rows = np.flatnonzero(full)
         if len(full_rows):
-            self._ban(logits, cons, full)
+            self._ban(logits, cons, full, masked)
             tokens[full_rows] = self._sample_full(logits, full_rows, batch)
         if len(cons.forced_rows):
             tokens[cons.forced_rows] = cons.forced_ids
         return tokens
 
-    def _ban(self, logits: torch.Tensor, cons: StepConstraints, full: np.ndarray) -> None:
+    def _ban(self, logits: torch.Tensor, cons: StepConstraints, full: np.ndarray, masked: np.ndarray) -> None:
         """Forbid the (row, id) bans of full-vocabulary rows, except in a row where
-        they would forbid everything."""
+        they would forbid everything (only a masked row can come to that)."""
         if not len(cons.ban_rows):
             return
         sel = full[cons.ban_rows]
         if not sel.any():
             return
+        rows, ids = cons.ban_rows[sel], cons.ban_ids[sel]
+        if logits.device.type == "cpu":
+            x = logits.numpy()
+            saved = x[rows, ids].copy()
+            x[rows, ids] = -np.inf
+            for r in np.unique(rows[masked[rows]]):
+                if x[r].max() == -np.inf:
+                    here = rows == r
+                    x[r, ids[here]] = saved[here]
+            return
         dev = logits.device
-        r = torch.from_numpy(cons.ban_rows[sel]).to(dev)
-        i = torch.from_numpy(cons.ban_ids[sel]).to(dev)
-        saved = logits[r, i].clone()
+        r = torch.from_numpy(rows).to(dev)
+        i = torch.from_numpy(ids).to(dev)
+        saved_t = logits[r, i].clone()
         logits[r, i] = float("-inf")
-        rows = torch.unique(r)
-        dead = rows[torch.isinf(logits[rows]).all(dim=1)]
-        if len(dead):
-            lift = torch.isin(r, dead)
-            logits[r[lift], i[lift]] = saved[lift]
+        check = torch.from_numpy(np.unique(rows[masked[rows]])).to(dev)
+        if len(check):
+            dead = check[torch.isinf(logits[check]).all(dim=1)]
+            if len(dead):
+                lift = torch.isin(r, dead)
+                logits[r[lift], i[lift]] = saved_t[lift]
 
     def _sample_full(self, logits: torch.Tensor, rows: np.ndarray, batch: SamplingBatch) -> np.ndarray:
         """Sample rows ``rows`` of ``logits`` over the whole vocabulary (masked ids are
@@ -325,7 +339,7 @@ def _inverse_cdf_np(z: np.ndarray, inv_t: np.ndarray | None, u: np.ndarray) -> n
         z *= inv_t.astype(np.float32)[:, None]
     np.exp(z, out=z)
     blocks = z.reshape(k, -1, bs)
-    mass = blocks.sum(axis=2, dtype=np.float64)
+    mass = blocks.sum(axis=2).astype(np.float64)
     cum = np.cumsum(mass, axis=1)
     target = u * cum[:, -1]
     b = np.minimum((cum <= target[:, None]).sum(axis=1), cum.shape[1] - 1)
