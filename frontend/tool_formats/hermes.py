@@ -1,0 +1,113 @@
+"""Hermes-style calls (Qwen2.5, Qwen3 and many fine-tunes)::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+    <tool_call>
+    {"name": "get_time", "arguments": {"tz": "CET"}}
+    </tool_call>
+
+``<tool_call>`` and ``</tool_call>`` are single special tokens.
+
+Constraint: each call is ``<tool_call>`` ``\\n`` one JSON object ``\\n``
+``</tool_call>``, calls separated by ``\\n``. The object is ONE JSON schema over all
+offered tools (``anyOf`` of ``{"name": {"const": NAME}, "arguments": PARAMETERS}``,
+name first, no other keys), so the compile cost of keeping markers out of its
+strings is paid once, not once per tool.
+
+Parser: the object's ``"name"`` must come before ``"arguments"`` (or
+``"parameters"``); whitespace anywhere between JSON tokens; an unterminated last call
+is accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from structured_output import GrammarSpec
+
+from .base import FunctionTool, ToolCallParser, ToolFormat
+from .grammar import (
+    FreeText,
+    const,
+    json_value,
+    repeated,
+    select_tools,
+    seq,
+    structural_tag,
+    token,
+)
+from .json_text import read_call_header
+from .marked_calls import CallSyntax, MarkedCallParser
+from .schemas import embed
+
+CALL_BEGIN = "<tool_call>"
+CALL_END = "</tool_call>"
+SYNTAX = CallSyntax(call_begin=CALL_BEGIN, call_end=CALL_END, tail=("}",))
+#: keeps both markers out of the arguments' strings (a substring of each, shorter
+#: and so cheaper to compile than the markers themselves)
+MARKER_COVER = "_call>"
+ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+def call_object_schema(tools: Sequence[FunctionTool], args_key: str) -> dict[str, Any]:
+    """``{"name": NAME, args_key: PARAMETERS}`` for any one of ``tools``, as one schema
+    (each tool's definitions moved to the top, so its references still resolve)."""
+    alternatives = []
+    defs: dict[str, Any] = {}
+    for i, t in enumerate(tools):
+        params, tool_defs = embed(t.schema, f"t{i}.")
+        defs.update(tool_defs)
+        alternatives.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.name}, args_key: params},
+                "required": ["name", args_key],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    if defs:
+        schema = {**schema, "$defs": defs}
+    return schema
+
+
+def json_name_ok(name: str) -> bool:
+    """A name a JSON string carries: anything without control characters or markers."""
+    return bool(name) and name.isprintable() and "<" not in name and ">" not in name
+
+
+class HermesToolFormat(ToolFormat):
+    special_markers = (CALL_BEGIN, CALL_END)
+
+    def constraint(
+        self, tools: Sequence[FunctionTool], *, named: str | None, parallel: bool
+    ) -> GrammarSpec:
+        chosen = select_tools(
+            self.name, tools, named, json_name_ok, "printable, without '<' or '>'"
+        )
+        free = FreeText.build(self.tokenizer, SYNTAX.markers, [MARKER_COVER])
+        call = seq(
+            token(CALL_BEGIN),
+            const("\n"),
+            json_value(call_object_schema(chosen, "arguments"), free),
+            const("\n"),
+            token(CALL_END),
+        )
+        return structural_tag(
+            repeated(call, separator=const("\n"), parallel=parallel and named is None)
+        )
+
+    def new_parser(
+        self, tools: Sequence[FunctionTool], *, named: str | None = None
+    ) -> ToolCallParser:
+        return HermesParser(self, tools, named=named)
+
+
+class HermesParser(MarkedCallParser):
+    syntax = SYNTAX
+
+    def read_header(self, text: str, i: int) -> tuple[int, str, str | None]:
+        end, name = read_call_header(text, i, ARGUMENT_KEYS)
+        return end, name, None

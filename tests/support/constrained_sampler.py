@@ -1,0 +1,178 @@
+"""Generation straight through xgrammar with an adversarial random sampler.
+
+Each step fills the matcher's bitmask, takes the allowed ids out of it with numpy,
+and samples among those only (a step costs tens of microseconds plus the fill).
+The sampler is hostile but made to end: it takes a stop token when the grammar
+allows one with probability ``p_stop``, otherwise with probability ``p_close`` a
+token that closes strings and structures or is a marker (a special token), otherwise
+any allowed token uniformly. Free text (``any_text``) ends only with a literal, which
+random tokens would almost never spell, so inside free text the sampler now and then
+(``p_plan``) starts writing one of the literals that end free text in the grammar
+(`free_text_ends`), token by token while the grammar allows it. Every choice comes
+from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xgrammar as xgr
+
+from structured_output import CompileOptions, GrammarSpec, compile_spec, tokenizer_info_for
+from tokenization import Tokenizer
+
+#: bytes that close a string or a structure, or start a closing tag
+CLOSING_BYTES = (b'"', b"}", b"]", b")", b">", b"'", b"</")
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    #: the grammar terminated: a stop token was sampled where the grammar could end
+    finished: bool
+    #: the stop token that ended it (not in ``token_ids``)
+    stop_id: int | None
+
+
+def free_text_ends(spec: GrammarSpec) -> list[str]:
+    """The literals that follow free text in a structural tag: what a writer of free
+    text has to produce to get out of it."""
+    if spec.kind.value != "structural_tag":
+        return []
+    ends: list[str] = []
+    for fmt in _walk(json.loads(spec.value)):
+        if fmt.get("type") == "tag" and fmt["content"].get("type") == "any_text":
+            ends.append(_literal(fmt["end"]))
+        if fmt.get("type") == "sequence":
+            elements = fmt["elements"]
+            for k, e in enumerate(elements[:-1]):
+                if e.get("type") == "any_text":
+                    text = ""
+                    for nxt in elements[k + 1 :]:
+                        piece = _literal(nxt)
+                        if not piece:
+                            break
+                        text += piece
+                    ends.append(text)
+    return sorted({e for e in ends if e})
+
+
+def _literal(fmt: Any) -> str:
+    if isinstance(fmt, str):
+        return fmt
+    if fmt.get("type") == "const_string":
+        return str(fmt["value"])
+    if fmt.get("type") == "token" and isinstance(fmt["token"], str):
+        return str(fmt["token"])
+    return ""
+
+
+def _walk(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        if "type" in node:
+            yield node
+        for v in node.values():
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)
+
+
+class ConstrainedSampler:
+    """Samples under xgrammar constraints with one vocabulary."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        p_stop: float = 0.35,
+        p_close: float = 0.5,
+        p_plan: float = 0.15,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.p_plan = p_plan
+        self.info = tokenizer_info_for(tokenizer)
+        self.compiler = xgr.GrammarCompiler(self.info)
+        self.rows = self.info.vocab_size
+        self.p_stop = p_stop
+        self.p_close = p_close
+        closing = np.zeros(self.rows, dtype=bool)
+        for i, b in enumerate(tokenizer.all_token_bytes):
+            if b and (
+                i in tokenizer.special_ids or (b.strip() and any(c in b for c in CLOSING_BYTES))
+            ):
+                closing[i] = True
+        self.closing = closing
+        self.stops = np.zeros(self.rows, dtype=bool)
+        self.stops[list(tokenizer.stop_token_ids)] = True
+        self._bitmask = xgr.allocate_token_bitmask(1, self.rows)
+        self._cache: dict[GrammarSpec, xgr.CompiledGrammar] = {}
+
+    def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        """``spec`` compiled for this vocabulary (cached per spec)."""
+        cg = self._cache.get(spec)
+        if cg is None:
+            cg = self._cache[spec] = compile_spec(self.compiler, spec, CompileOptions())
+        return cg
+
+    def allowed(self, matcher: xgr.GrammarMatcher) -> np.ndarray:
+        """The ids the matcher allows next."""
+        matcher.fill_next_token_bitmask(self._bitmask)
+        bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[: self.rows])
+
+    def generate(
+        self,
+        compiled: xgr.CompiledGrammar,
+        rng: random.Random,
+        *,
+        max_tokens: int = 512,
+        free_text_ends: list[str] = (),  # type: ignore[assignment]
+    ) -> Generation:
+        """Tokens until the grammar terminates or ``max_tokens`` tokens were sampled."""
+        matcher = xgr.GrammarMatcher(compiled)
+        plans = [self.tokenizer.encode(e) for e in free_text_ends]
+        plan: list[int] = []
+        ids: list[int] = []
+        while len(ids) < max_tokens:
+            allowed = self.allowed(matcher)
+            if allowed.size == 0:
+                raise AssertionError(f"grammar allows nothing after {ids!r}")
+            if plan and not _contains(allowed, plan[0]):
+                plan = []
+            if not plan and plans and allowed.size > self.rows // 2 and rng.random() < self.p_plan:
+                plan = list(rng.choice(plans))
+                if not _contains(allowed, plan[0]):
+                    plan = []
+            stops = allowed[self.stops[allowed]]
+            if plan:
+                tid = plan.pop(0)
+            elif stops.size and rng.random() < self.p_stop:
+                tid = int(stops[rng.randrange(stops.size)])
+            else:
+                pool = allowed
+                if rng.random() < self.p_close:
+                    closing = allowed[self.closing[allowed] & ~self.stops[allowed]]
+                    if closing.size:
+                        pool = closing
+                tid = int(pool[rng.randrange(pool.size)])
+            if not matcher.accept_token(tid):
+                raise AssertionError(f"matcher rejected allowed token {tid} after {ids!r}")
+            if self.stops[tid]:
+                if not matcher.is_terminated():
+                    raise AssertionError("a stop token was accepted but the grammar went on")
+                return Generation(ids, True, tid)
+            ids.append(tid)
+            if matcher.is_terminated():
+                return Generation(ids, True, None)
+        return Generation(ids, False, None)
+
+
+def _contains(sorted_ids: np.ndarray, tid: int) -> bool:
+    k = int(np.searchsorted(sorted_ids, tid))
+    return k < sorted_ids.size and int(sorted_ids[k]) == tid
