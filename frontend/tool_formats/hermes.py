@@ -23,11 +23,11 @@ is accepted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from structured_output import GrammarSpec
 
 from .base import FunctionTool, ToolCallParser, ToolFormat
+from .call_objects import ARGUMENT_KEYS, JSON_NAME_SYNTAX, call_object_schema, json_name_ok
 from .grammar import (
     FreeText,
     const,
@@ -40,7 +40,6 @@ from .grammar import (
 )
 from .json_text import read_call_header
 from .marked_calls import CallSyntax, MarkedCallParser
-from .schemas import embed
 
 CALL_BEGIN = "<tool_call>"
 CALL_END = "</tool_call>"
@@ -48,34 +47,6 @@ SYNTAX = CallSyntax(call_begin=CALL_BEGIN, call_end=CALL_END, tail=("}",))
 #: keeps both markers out of the arguments' strings (a substring of each, shorter
 #: and so cheaper to compile than the markers themselves)
 MARKER_COVER = "_call>"
-ARGUMENT_KEYS = ("arguments", "parameters")
-
-
-def call_object_schema(tools: Sequence[FunctionTool], args_key: str) -> dict[str, Any]:
-    """``{"name": NAME, args_key: PARAMETERS}`` for any one of ``tools``, as one schema
-    (each tool's definitions moved to the top, so its references still resolve)."""
-    alternatives = []
-    defs: dict[str, Any] = {}
-    for i, t in enumerate(tools):
-        params, tool_defs = embed(t.schema, f"t{i}.")
-        defs.update(tool_defs)
-        alternatives.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": t.name}, args_key: params},
-                "required": ["name", args_key],
-                "additionalProperties": False,
-            }
-        )
-    schema: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
-    if defs:
-        schema = {**schema, "$defs": defs}
-    return schema
-
-
-def json_name_ok(name: str) -> bool:
-    """A name a JSON string carries: anything without control characters or markers."""
-    return bool(name) and name.isprintable() and "<" not in name and ">" not in name
 
 
 class HermesToolFormat(ToolFormat):
@@ -84,9 +55,7 @@ class HermesToolFormat(ToolFormat):
     def constraint(
         self, tools: Sequence[FunctionTool], *, named: str | None, parallel: bool
     ) -> GrammarSpec:
-        chosen = select_tools(
-            self.name, tools, named, json_name_ok, "printable, without '<' or '>'"
-        )
+        chosen = select_tools(self.name, tools, named, json_name_ok, JSON_NAME_SYNTAX)
         free = FreeText.build(self.tokenizer, SYNTAX.markers, [MARKER_COVER])
         call = seq(
             token(CALL_BEGIN),

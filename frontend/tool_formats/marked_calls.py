@@ -129,6 +129,8 @@ class CallSyntax:
     call_end: str | None
     #: None: the family reads its header itself (`MarkedCallParser.read_header`)
     header: Template | None = None
+    #: the text opening and closing the calls' section, as the constraint writes it;
+    #: its markers are that text without surrounding whitespace
     section: tuple[str, str] | None = None
     #: text between the arguments and ``call_end``, in order (the parser skips
     #: whitespace around each piece, and a missing piece)
@@ -142,9 +144,15 @@ class CallSyntax:
         ms = [self.call_begin]
         if self.call_end:
             ms.append(self.call_end)
-        if self.section:
-            ms.extend(self.section)
+        if self.section_markers:
+            ms.extend(self.section_markers)
         return tuple(ms)
+
+    @property
+    def section_markers(self) -> tuple[str, str] | None:
+        if self.section is None:
+            return None
+        return (self.section[0].strip(), self.section[1].strip())
 
 
 class MarkedCallParser(ScanParser):
@@ -158,8 +166,9 @@ class MarkedCallParser(ScanParser):
     ) -> None:
         super().__init__(fmt, tools, named=named)
         syn = self.syntax
-        self._opening = Markers([syn.section[0] if syn.section else syn.call_begin])
-        inner = [syn.call_begin] + ([syn.section[1]] if syn.section else [])
+        section = syn.section_markers
+        self._opening = Markers([section[0] if section else syn.call_begin])
+        inner = [syn.call_begin] + ([section[1]] if section else [])
         self._inner = Markers(inner)
         #: markers that end a call's arguments wherever they appear
         self._cut = Markers(syn.markers)
@@ -287,7 +296,7 @@ class JsonArgumentsFormat(ToolFormat):
     value of arguments; the family file sets the class attributes."""
 
     syntax: ClassVar[CallSyntax]
-    #: short substrings of the call markers that keep them all out of argument
+    #: short substrings of the family's markers that keep them all out of argument
     #: strings (cheaper to compile than the markers themselves)
     marker_covers: ClassVar[tuple[str, ...]] = ()
     parser_class: ClassVar[type[MarkedCallParser]]
@@ -296,7 +305,7 @@ class JsonArgumentsFormat(ToolFormat):
         self, tools: Sequence[FunctionTool], *, named: str | None, parallel: bool
     ) -> GrammarSpec:
         chosen = select_tools(self.name, tools, named, api_name_ok, API_NAME_SYNTAX)
-        free = FreeText.build(self.tokenizer, self.syntax.markers, self.marker_covers)
+        free = FreeText.build(self.tokenizer, self.special_markers, self.marker_covers)
         markers = self.special_markers
         calls = [
             call_format(self.syntax, markers, t.name, json_value(t.schema, free)) for t in chosen

@@ -31,14 +31,14 @@ class Markers:
 
     def __init__(self, texts: Iterable[str], *, hold_complete: bool = False) -> None:
         self.texts = tuple(sorted(set(texts), key=len, reverse=True))
-        if not self.texts or not all(self.texts):
+        if not all(self.texts):
             raise ValueError("markers must be non-empty texts")
-        self._re = re.compile("|".join(map(re.escape, self.texts)))
+        self._re = re.compile("|".join(map(re.escape, self.texts)) if self.texts else "(?!)")
         # With hold_complete, a whole marker at the end is held back too (a stop
         # text is only dropped when nothing follows it).
         extra = 1 if hold_complete else 0
         self._prefixes = {m[:k] for m in self.texts for k in range(1, len(m) + extra)}
-        self._longest = max(map(len, self.texts)) - 1 + extra
+        self._longest = max(map(len, self.texts), default=1) - 1 + extra
 
     def search(self, text: str, pos: int) -> re.Match[str] | None:
         """The first marker at or after ``pos`` (the longest one where several start)."""
@@ -85,7 +85,7 @@ class ScanParser(ToolCallParser):
         self._calls = 0
         self._open = False
         self._ws = ""
-        self._after_call = False
+        self._content_started = False
         stops = [t for i in fmt.tokenizer.stop_token_ids if (t := fmt.tokenizer.decode([i]))]
         self._stops = Markers(stops, hold_complete=True) if stops else None
         self._stop_texts = frozenset(stops)
@@ -112,7 +112,7 @@ class ScanParser(ToolCallParser):
         self._run()
         if self._open:
             self._close_call()
-        if not self._after_call:
+        if not self._calls:
             self._out.content += self._ws
         self._ws = ""
         return self._take()
@@ -132,6 +132,13 @@ class ScanParser(ToolCallParser):
     @abstractmethod
     def _start(self) -> bool:
         """The first state."""
+
+    def _rest_is_content(self) -> bool:
+        """A state: everything from here on is content."""
+        pos = self._pos
+        self._content(self._buf[pos:])
+        self._pos = len(self._buf)
+        return self._pos != pos
 
     def _take(self) -> StreamDelta:
         out, self._out = self._out, StreamDelta()
@@ -163,28 +170,27 @@ class ScanParser(ToolCallParser):
     # ----- emitting -----------------------------------------------------------
 
     def _content(self, text: str) -> None:
-        """Content text. Whitespace right after a call, and right before one, is not
-        content (it is held until the next text shows which it is)."""
+        """Content text. Whitespace is held until the next text shows where it stands:
+        whitespace that only separates content from calls (at the start of content
+        after a call, or at the end before a call or the end of the output) is not
+        content; whitespace between two pieces of content is."""
         if not text:
             return
-        if self._after_call:
-            text = text.lstrip()
-            if not text:
-                return
-            self._after_call = False
-        body = text.rstrip()
+        pending = self._ws + text
+        body = pending.rstrip()
         if not body:
-            self._ws += text
+            self._ws = pending
             return
-        self._out.content += self._ws + body
-        self._ws = text[len(body) :]
+        if not self._content_started and self._calls:
+            body = body.lstrip()
+        self._out.content += body
+        self._content_started = True
+        self._ws = pending[len(pending.rstrip()) :]
 
     def _open_call(self, name: str, call_id: str | None = None) -> None:
         index = self._calls
         self._calls += 1
         self._open = True
-        self._ws = ""
-        self._after_call = False
         cid = call_id if call_id is not None else self.new_call_id(index, name)
         self._out.tool_calls.append(ToolCallDelta(index=index, id=cid, name=name))
 
@@ -201,15 +207,22 @@ class ScanParser(ToolCallParser):
 
     def _close_call(self) -> None:
         self._open = False
-        self._after_call = True
+
+    def _reach(self, stops: Markers) -> tuple[int, re.Match[str] | None]:
+        """How far text may be read before one of ``stops``: the index of the first
+        marker (and the match), or of the held-back tail (and None)."""
+        buf, pos = self._buf, self._pos
+        m = stops.search(buf, pos)
+        if m is not None:
+            return m.start(), m
+        return (len(buf) if self._final else stops.safe_end(buf, pos)), None
 
     def _stream_json(self, stops: Markers) -> bool | None:
         """Stream the open call's JSON arguments value. Returns True once the value is
         complete, False when a marker of ``stops`` or the end of the output cut it
         short (the marker is left unread), None when more text is needed."""
         buf, pos = self._buf, self._pos
-        m = stops.search(buf, pos)
-        end = m.start() if m is not None else len(buf) if self._final else stops.safe_end(buf, pos)
+        end, m = self._reach(stops)
         start, stop = self._json.feed(buf, pos, end)
         self._args(buf[start:stop])
         self._pos = stop

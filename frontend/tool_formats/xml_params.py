@@ -21,25 +21,32 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
-from .base import ToolFormatError
+from structured_output import GrammarSpec
+
+from .base import FunctionTool, ToolCallParser, ToolFormat, ToolFormatError
 from .grammar import (
+    API_NAME_SYNTAX,
     MAX_ENFORCED_LENGTH,
     Format,
     FreeText,
     alt,
     any_text,
+    api_name_ok,
     const,
     json_value,
     layout,
     optional,
     regex,
+    select_tools,
     seq,
     star,
+    structural_tag,
+    vocabulary_covers,
 )
 from .json_text import JsonExtent, dumps, is_json
-from .marked_calls import MarkedCallParser
+from .marked_calls import CallSyntax, MarkedCallParser, call_format, calls_format
 from .scanning import Markers
 from .schemas import object_properties, resolve, with_defs
 
@@ -147,7 +154,7 @@ class XmlParamsParser(MarkedCallParser):
     ``tail`` or call end, or junk, which the tail then reads). A value ends at its
     ``value_end`` or at a call marker (which ends the call as well)."""
 
-    params: ParamSyntax
+    params: ClassVar[ParamSyntax]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -155,6 +162,8 @@ class XmlParamsParser(MarkedCallParser):
         self._arguments = self._next_param
         self._key_stops = Markers([p.key_end, *self.syntax.markers])
         self._value_stops = Markers([p.value_end, *self.syntax.markers])
+        #: inside a JSON value's strings only the special-token markers cut
+        self._hard = Markers(hard_markers(self.syntax, self.format.special_markers))
         self._writer: ValueWriter | None = None
         self._written = 0
         self._schema: Any = None
@@ -254,14 +263,7 @@ class XmlParamsParser(MarkedCallParser):
         writer = self._writer
         assert writer is not None
         buf, pos = self._buf, self._pos
-        m = self._cut.search(buf, pos)
-        end = (
-            m.start()
-            if m is not None
-            else len(buf)
-            if self._final
-            else self._cut.safe_end(buf, pos)
-        )
+        end, m = self._reach(self._hard)
         _, stop = self._json.feed(buf, pos, end)
         writer.feed(buf[pos:stop])
         self._pos = stop
@@ -306,19 +308,17 @@ def raw_text_format(schema: Any, root: Any, free: FreeText, excludes: Sequence[s
         return regex(s["pattern"])
     low = int(s.get("minLength", 0))
     high = s.get("maxLength")
-    if low:
-        bar = "[^" + _class_escape(free.barred) + "]"
-        rest = None if high is None else max(int(high) - low, 0)
-        head = regex(f"{bar}{{{min(low, MAX_ENFORCED_LENGTH)}}}")
-        return seq(head, _bounded_text(excludes, rest))
-    return _bounded_text(excludes, None if high is None else int(high))
-
-
-def _bounded_text(excludes: Sequence[str], max_chars: int | None) -> Format:
-    fmt = any_text(excludes)
-    if max_chars is not None:
-        fmt["max_chars"] = max_chars
-    return fmt
+    if not low and high is None:
+        return any_text(excludes)
+    # Bounded text keeps out the markers' first characters instead of the markers:
+    # xgrammar compiles a length bound with whole-marker excludes very slowly.
+    rest = any_text(sorted(set(free.barred)))
+    if high is not None:
+        rest["max_chars"] = max(int(high) - low, 0)
+    if not low:
+        return rest
+    bar = "[^" + _class_escape(free.barred) + "]"
+    return seq(regex(f"{bar}{{{min(low, MAX_ENFORCED_LENGTH)}}}"), rest)
 
 
 def _class_escape(chars: str) -> str:
@@ -380,3 +380,52 @@ def check_keys(format_name: str, schema: Any, forbidden: str) -> None:
             raise ToolFormatError(
                 f"tool-call format {format_name!r} cannot carry the parameter name {p.name!r}"
             )
+
+
+def hard_markers(syntax: CallSyntax, special: Sequence[str]) -> list[str]:
+    """The call markers of ``syntax`` that are special tokens: the only markers read
+    inside a JSON value's strings."""
+    return [m for m in syntax.markers if m in special]
+
+
+class XmlArgumentsFormat(ToolFormat):
+    """A family whose calls are `CallSyntax` with parameters in `ParamSyntax` markup;
+    the family file sets the class attributes.
+
+    Raw values keep out every marker the parser ends a value at, and the family's
+    special tokens (exactly: free-text exclusion is cheap to compile). Strings
+    nested in JSON values keep out the special-token call markers, through
+    ``nested_covers`` (JSON-string exclusion costs compile time per character)."""
+
+    syntax: ClassVar[CallSyntax]
+    params: ClassVar[ParamSyntax]
+    parser_class: ClassVar[type[XmlParamsParser]]
+    #: characters a parameter name cannot hold
+    key_forbidden: ClassVar[str] = "<>\n"
+    #: short substrings of the special-token call markers (see the class docstring)
+    nested_covers: ClassVar[tuple[str, ...]] = ()
+
+    def constraint(
+        self, tools: Sequence[FunctionTool], *, named: str | None, parallel: bool
+    ) -> GrammarSpec:
+        chosen = select_tools(self.name, tools, named, api_name_ok, API_NAME_SYNTAX)
+        syntax, markers = self.syntax, self.special_markers
+        nested = FreeText.build(self.tokenizer, hard_markers(syntax, markers), self.nested_covers)
+        raw = [
+            self.params.value_end,
+            *syntax.markers,
+            *markers,
+            *vocabulary_covers(self.tokenizer),
+        ]
+        calls = []
+        for t in chosen:
+            check_keys(self.name, t.schema, self.key_forbidden)
+            args = params_format(t.schema, self.params, markers, nested, raw)
+            calls.append(call_format(syntax, markers, t.name, args))
+        many = parallel and named is None
+        return structural_tag(calls_format(syntax, markers, calls, many=many))
+
+    def new_parser(
+        self, tools: Sequence[FunctionTool], *, named: str | None = None
+    ) -> ToolCallParser:
+        return self.parser_class(self, tools, named=named)

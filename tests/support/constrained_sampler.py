@@ -4,8 +4,8 @@ Each step fills the matcher's bitmask, takes the allowed ids out of it with nump
 and samples among those only (a step costs tens of microseconds plus the fill).
 The sampler is hostile but made to end: it takes a stop token when the grammar
 allows one with probability ``p_stop``, otherwise with probability ``p_close`` a
-token that closes strings and structures or is a marker (a special token), otherwise
-any allowed token uniformly. Free text (``any_text``) ends only with a literal, which
+token that closes strings or structures or is a marker (`_tier`), otherwise any
+allowed token uniformly. Free text (``any_text``) ends only with a literal, which
 random tokens would almost never spell, so inside free text the sampler now and then
 (``p_plan``) starts writing one of the literals that end free text in the grammar
 (`free_text_ends`), token by token while the grammar allows it. Every choice comes
@@ -26,8 +26,28 @@ import xgrammar as xgr
 from structured_output import CompileOptions, GrammarSpec, compile_spec, tokenizer_info_for
 from tokenization import Tokenizer
 
-#: bytes that close a string or a structure, or start a closing tag
-CLOSING_BYTES = (b'"', b"}", b"]", b")", b">", b"'", b"</")
+#: the sampler's preferences, tried in order: tokens that close a JSON string or a
+#: Python string (a quote before any comma), tokens that close a structure or start
+#: a closing tag (markers rank with these), and last tokens that separate items
+QUOTES = (b'"', b"'")
+SEPARATOR = b","
+CLOSERS = (b"}", b"]", b")", b">", b"</")
+
+
+def _tier(token: bytes, special: bool) -> int | None:
+    """0/1: closes a JSON/Python string; 2: closes a structure; 3: separates."""
+    if not token.strip():
+        return None
+    comma = token.find(SEPARATOR)
+    for k, quote in enumerate(QUOTES):
+        q = token.find(quote)
+        if q >= 0 and (comma < 0 or q < comma):
+            return k
+    if comma >= 0:
+        return 3
+    if special or any(c in token for c in CLOSERS):
+        return 2
+    return None
 
 
 @dataclass
@@ -101,13 +121,15 @@ class ConstrainedSampler:
         self.rows = self.info.vocab_size
         self.p_stop = p_stop
         self.p_close = p_close
-        closing = np.zeros(self.rows, dtype=bool)
+        tiers = [np.zeros(self.rows, dtype=bool) for _ in range(4)]
         for i, b in enumerate(tokenizer.all_token_bytes):
-            if b and (
-                i in tokenizer.special_ids or (b.strip() and any(c in b for c in CLOSING_BYTES))
-            ):
-                closing[i] = True
-        self.closing = closing
+            k = _tier(b, i in tokenizer.special_ids)
+            if k is not None:
+                tiers[k][i] = True
+        self.tiers = tiers
+        self.blank = np.zeros(self.rows, dtype=bool)
+        for i, b in enumerate(tokenizer.all_token_bytes):
+            self.blank[i] = bool(b) and not b.strip()
         self.stops = np.zeros(self.rows, dtype=bool)
         self.stops[list(tokenizer.stop_token_ids)] = True
         self._bitmask = xgr.allocate_token_bitmask(1, self.rows)
@@ -156,10 +178,18 @@ class ConstrainedSampler:
                 tid = int(stops[rng.randrange(stops.size)])
             else:
                 pool = allowed
+                if rng.random() < 0.5:
+                    # half the time, no whitespace: a whitespace run is bounded by the
+                    # grammar, but every gap in JSON would otherwise fill up
+                    solid = allowed[~self.blank[allowed]]
+                    if solid.size:
+                        pool = solid
                 if rng.random() < self.p_close:
-                    closing = allowed[self.closing[allowed] & ~self.stops[allowed]]
-                    if closing.size:
-                        pool = closing
+                    for tier in self.tiers:
+                        candidates = allowed[tier[allowed] & ~self.stops[allowed]]
+                        if candidates.size and rng.random() < 0.7:
+                            pool = candidates
+                            break
                 tid = int(pool[rng.randrange(pool.size)])
             if not matcher.accept_token(tid):
                 raise AssertionError(f"matcher rejected allowed token {tid} after {ids!r}")

@@ -70,7 +70,9 @@ def _boolean(description: str) -> Callable[[random.Random], Schema]:
 SCALARS: dict[str, Callable[[random.Random], Schema]] = {
     "city": _text("City name, e.g. Paris"),
     "query": _text("Free-text search query"),
-    "title": lambda rng: {"type": "string", "maxLength": 80, "description": "Short title"},
+    # (xgrammar enforces maxLength only up to 32 inside filtered JSON strings; see
+    # grammar.MAX_ENFORCED_LENGTH)
+    "title": lambda rng: {"type": "string", "maxLength": 32, "description": "Short title"},
     "body": _text("Message body"),
     "path": _text("File path relative to the workspace"),
     "user_id": _text("Opaque user identifier"),
