@@ -148,6 +148,8 @@ def read_call_header(text: str, i: int, args_keys: tuple[str, ...]) -> tuple[int
         raise NoMatch
     i = expect(text, i, ":")
     i, name = read_string(text, i)
+    if not name:
+        raise NoMatch
     i = expect(text, i, ",")
     i, key = read_string(text, i)
     if key not in args_keys:

@@ -173,6 +173,8 @@ class MarkedCallParser(ScanParser):
         #: markers that end a call's arguments wherever they appear
         self._cut = Markers(syn.markers)
         self._tail_step = 0
+        #: in a section, nothing but whitespace since its opening or the last call
+        self._fresh = False
         self._between: Callable[[], bool] = self._in_section if syn.section else self._outside
         self._arguments: Callable[[], bool] = self._json_arguments
 
@@ -187,11 +189,17 @@ class MarkedCallParser(ScanParser):
         if marker is None:
             return self._pos != pos
         self._state = self._in_section if self.syntax.section else self._header
+        self._fresh = True
         return True
 
     def _in_section(self) -> bool:
+        """Inside a section: whitespace after its opening or after a call is markup;
+        any other text there is content."""
         pos = self._pos
         text, marker = self._until(self._inner)
+        if self._fresh:
+            text = text.lstrip()
+            self._fresh = not text
         self._content(text)
         if marker == self.syntax.call_begin:
             self._state = self._header
@@ -212,6 +220,10 @@ class MarkedCallParser(ScanParser):
         self._open_call(name, call_id)
         self._state = self._arguments
         return True
+
+    def _close_call(self) -> None:
+        super()._close_call()
+        self._fresh = True
 
     def read_header(self, text: str, i: int) -> tuple[int, str, str | None]:
         """The header at ``i``: the index where the arguments begin, the name, and the

@@ -163,8 +163,9 @@ class HarmonyParser(ScanParser):
 
     def _begin_body(self, header: str) -> None:
         recipient = _RECIPIENT.search(header)
-        if recipient is not None and recipient.group(1).startswith(FUNCTIONS):
-            self._open_call(recipient.group(1)[len(FUNCTIONS) :])
+        to = recipient.group(1) if recipient is not None else ""
+        if to.startswith(FUNCTIONS) and len(to) > len(FUNCTIONS):
+            self._open_call(to[len(FUNCTIONS) :])
             self._lead = True
             self._state = self._call_body
             return

@@ -160,8 +160,8 @@ class PythonicParser(ScanParser):
         j = m.end()
         while j < len(buf) and buf[j].isspace():
             j += 1
-        if j == len(buf) and not self._final:
-            return i != start
+        if not self._final and (j == len(buf) or (buf[j] == "=" and j + 1 == len(buf))):
+            return i != start  # "=" may turn out to be "=="
         if j == len(buf) or buf[j] != "=" or buf.startswith("==", j):
             return self._malformed()
         self._key = m.group()
@@ -238,7 +238,7 @@ def _callee_at(text: str, i: int) -> tuple[str, int] | bool | None:
     if m is None:
         return None if i == n else False
     j = m.end()
-    if j == n:
+    if j == n or (text[j] == "." and j + 1 == n):  # the name may go on
         return None if j - i <= _MAX_NAME else False
     while j < n and text[j].isspace():
         j += 1

@@ -27,6 +27,7 @@ GENERIC = [
     "null", "city", "Hello", "Sure, let me check.", "é中", "```", "```json", "\t",
     "functions.", "to=", "commentary", "final", "analysis", "<function=", "<parameter=",
     "</parameter>", "</function>", '<invoke name="', '">', "</invoke>", '<parameter name="',
+    "'''", '"""', "\\'", ".", "True", "None", "1e999", "==", "<arg_key>", "[ARGS]",
 ]  # fmt: skip
 
 
