@@ -44,10 +44,6 @@ class Markers:
         """The first marker at or after ``pos`` (the longest one where several start)."""
         return self._re.search(text, pos)
 
-    def match(self, text: str, pos: int) -> re.Match[str] | None:
-        """A marker starting exactly at ``pos``."""
-        return self._re.match(text, pos)
-
     def safe_end(self, text: str, pos: int) -> int:
         """The index from which ``text`` (read from ``pos``) may still turn into a
         marker once more text arrives; ``len(text)`` when no marker can start there."""
@@ -70,8 +66,8 @@ class ScanParser(ToolCallParser):
     ``self._pos``, consumes what is certain, and returns True when it made progress
     (consumed text or changed state) or False when it needs more text. Once
     ``self._final`` is set the output is complete and every state must resolve what
-    it holds. Content is trimmed of whitespace next to calls; a stop-token text at
-    the very end of the output is dropped.
+    it holds. Whitespace that only separates content from calls is not content; a
+    stop-token text at the very end of the output is dropped.
     """
 
     def __init__(
@@ -110,6 +106,7 @@ class ScanParser(ToolCallParser):
         self._held = ""
         self._final = True
         self._run()
+        assert self._pos == len(self._buf), "a final state left text unread"
         if self._open:
             self._close_call()
         if not self._calls:
@@ -143,10 +140,6 @@ class ScanParser(ToolCallParser):
     def _take(self) -> StreamDelta:
         out, self._out = self._out, StreamDelta()
         return out
-
-    @property
-    def _rest(self) -> int:
-        return len(self._buf) - self._pos
 
     def _until(self, markers: Markers) -> tuple[str, str | None]:
         """Consume text up to the first of ``markers`` and the marker itself. Returns

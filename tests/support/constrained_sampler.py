@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,8 +103,20 @@ def _walk(node: Any) -> Iterator[dict[str, Any]]:
             yield from _walk(v)
 
 
+def _packed(flags: np.ndarray, rows: int) -> np.ndarray:
+    """A boolean per id as 32-bit words, bit k of word w for id 32*w + k (xgrammar's
+    bitmask layout)."""
+    padded = np.zeros(-(-rows // 32) * 32, dtype=bool)
+    padded[: flags.size] = flags
+    return np.packbits(padded, bitorder="little").view(np.uint32)
+
+
 class ConstrainedSampler:
-    """Samples under xgrammar constraints with one vocabulary."""
+    """Samples under xgrammar constraints with one vocabulary.
+
+    Token classes (stop tokens, the preference tiers, whitespace) are kept as packed
+    bitmasks, so a step intersects words and draws from the result without ever
+    listing the allowed ids: tens of microseconds, whatever the mask."""
 
     def __init__(
         self,
@@ -115,23 +127,25 @@ class ConstrainedSampler:
         p_plan: float = 0.15,
     ) -> None:
         self.tokenizer = tokenizer
+        self.p_stop = p_stop
+        self.p_close = p_close
         self.p_plan = p_plan
         self.info = tokenizer_info_for(tokenizer)
         self.compiler = xgr.GrammarCompiler(self.info)
         self.rows = self.info.vocab_size
-        self.p_stop = p_stop
-        self.p_close = p_close
         tiers = [np.zeros(self.rows, dtype=bool) for _ in range(4)]
+        blank = np.zeros(self.rows, dtype=bool)
         for i, b in enumerate(tokenizer.all_token_bytes):
             k = _tier(b, i in tokenizer.special_ids)
             if k is not None:
                 tiers[k][i] = True
-        self.tiers = tiers
-        self.blank = np.zeros(self.rows, dtype=bool)
-        for i, b in enumerate(tokenizer.all_token_bytes):
-            self.blank[i] = bool(b) and not b.strip()
-        self.stops = np.zeros(self.rows, dtype=bool)
-        self.stops[list(tokenizer.stop_token_ids)] = True
+            blank[i] = bool(b) and not b.strip()
+        stops = np.zeros(self.rows, dtype=bool)
+        stops[list(tokenizer.stop_token_ids)] = True
+        self._stops = _packed(stops, self.rows)
+        self._not_stops = ~self._stops
+        self._tiers = [_packed(t, self.rows) & self._not_stops for t in tiers]
+        self._solid = ~_packed(blank, self.rows)
         self._bitmask = xgr.allocate_token_bitmask(1, self.rows)
         self._cache: dict[GrammarSpec, xgr.CompiledGrammar] = {}
 
@@ -142,11 +156,27 @@ class ConstrainedSampler:
             cg = self._cache[spec] = compile_spec(self.compiler, spec, CompileOptions())
         return cg
 
-    def allowed(self, matcher: xgr.GrammarMatcher) -> np.ndarray:
-        """The ids the matcher allows next."""
+    def _fill(self, matcher: xgr.GrammarMatcher) -> np.ndarray:
         matcher.fill_next_token_bitmask(self._bitmask)
-        bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")
+        return self._bitmask.numpy()[0].view(np.uint32)
+
+    def allowed(self, matcher: xgr.GrammarMatcher) -> np.ndarray:
+        """The ids the matcher allows next, ascending."""
+        words = self._fill(matcher)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")
         return np.flatnonzero(bits[: self.rows])
+
+    @staticmethod
+    def _draw(words: np.ndarray, rng: random.Random) -> int | None:
+        """A random id among the set bits (a random word that has some, then a random
+        bit of it), or None if no bit is set."""
+        live = np.flatnonzero(words)
+        if live.size == 0:
+            return None
+        w = int(live[rng.randrange(live.size)])
+        bits = int(words[w])
+        choices = [k for k in range(32) if bits >> k & 1]
+        return w * 32 + rng.choice(choices)
 
     def generate(
         self,
@@ -154,7 +184,7 @@ class ConstrainedSampler:
         rng: random.Random,
         *,
         max_tokens: int = 512,
-        free_text_ends: list[str] = (),  # type: ignore[assignment]
+        free_text_ends: Sequence[str] = (),
     ) -> Generation:
         """Tokens until the grammar terminates or ``max_tokens`` tokens were sampled."""
         matcher = xgr.GrammarMatcher(compiled)
@@ -162,38 +192,37 @@ class ConstrainedSampler:
         plan: list[int] = []
         ids: list[int] = []
         while len(ids) < max_tokens:
-            allowed = self.allowed(matcher)
-            if allowed.size == 0:
+            words = self._fill(matcher)
+            live = np.count_nonzero(words)
+            if live == 0:
                 raise AssertionError(f"grammar allows nothing after {ids!r}")
-            if plan and not _contains(allowed, plan[0]):
+            if plan and not _has(words, plan[0]):
                 plan = []
-            if not plan and plans and allowed.size > self.rows // 2 and rng.random() < self.p_plan:
-                plan = list(rng.choice(plans))
-                if not _contains(allowed, plan[0]):
+            if not plan and plans and live > words.size // 2 and rng.random() < self.p_plan:
+                plan = list(rng.choice(plans))  # free text: write its way out
+                if not _has(words, plan[0]):
                     plan = []
-            stops = allowed[self.stops[allowed]]
+            tid: int | None = None
             if plan:
                 tid = plan.pop(0)
-            elif stops.size and rng.random() < self.p_stop:
-                tid = int(stops[rng.randrange(stops.size)])
-            else:
-                pool = allowed
-                if rng.random() < 0.5:
-                    # half the time, no whitespace: a whitespace run is bounded by the
-                    # grammar, but every gap in JSON would otherwise fill up
-                    solid = allowed[~self.blank[allowed]]
-                    if solid.size:
-                        pool = solid
-                if rng.random() < self.p_close:
-                    for tier in self.tiers:
-                        candidates = allowed[tier[allowed] & ~self.stops[allowed]]
-                        if candidates.size and rng.random() < 0.7:
-                            pool = candidates
+            elif rng.random() < self.p_stop:
+                tid = self._draw(words & self._stops, rng)
+            if tid is None and rng.random() < self.p_close:
+                for tier in self._tiers:
+                    if rng.random() < 0.7:
+                        tid = self._draw(words & tier, rng)
+                        if tid is not None:
                             break
-                tid = int(pool[rng.randrange(pool.size)])
+            if tid is None and rng.random() < 0.5:
+                # half the time no whitespace: a whitespace run is bounded by the
+                # grammar, but every gap in JSON would otherwise fill up
+                tid = self._draw(words & self._solid, rng)
+            if tid is None:
+                tid = self._draw(words, rng)
+            assert tid is not None
             if not matcher.accept_token(tid):
                 raise AssertionError(f"matcher rejected allowed token {tid} after {ids!r}")
-            if self.stops[tid]:
+            if self._stops[tid >> 5] >> (tid & 31) & 1:
                 if not matcher.is_terminated():
                     raise AssertionError("a stop token was accepted but the grammar went on")
                 return Generation(ids, True, tid)
@@ -203,6 +232,5 @@ class ConstrainedSampler:
         return Generation(ids, False, None)
 
 
-def _contains(sorted_ids: np.ndarray, tid: int) -> bool:
-    k = int(np.searchsorted(sorted_ids, tid))
-    return k < sorted_ids.size and int(sorted_ids[k]) == tid
+def _has(words: np.ndarray, tid: int) -> bool:
+    return bool(words[tid >> 5] >> np.uint32(tid & 31) & 1)
