@@ -25,6 +25,10 @@ Format = dict[str, Any]
 
 #: the most whitespace characters in a row inside JSON values, as for json_schema specs
 MAX_WHITESPACE = CompileOptions().max_whitespace
+#: characters a character class of text keeps out (a regex class body): controls, and
+#: surrogates, whose UTF-8 encodings xgrammar would otherwise admit but no decoder
+#: reads (they come out as U+FFFD, one per byte)
+NOT_TEXT = r"\x00-\x1f\ud800-\udfff"
 
 
 def const(text: str) -> Format:
@@ -108,10 +112,10 @@ class FreeText:
     def bounded_string(self, min_length: int, max_length: int | None) -> str:
         """A pattern for a string of ``min_length`` to ``max_length`` characters
         without the barred characters (nor quotes, backslashes or control characters,
-        which a pattern-matched JSON string cannot escape)."""
+        which a pattern-matched JSON string cannot escape, nor surrogates)."""
         bar = re.escape(self.barred)
         upper = "" if max_length is None else str(max_length)
-        return f'^[^{bar}\\\\"\\x00-\\x1f]{{{min_length},{upper}}}$'
+        return f'^[^{bar}{NOT_TEXT}\\\\"]{{{min_length},{upper}}}$'
 
 
 #: the longest ``maxLength`` enforced (as a pattern: xgrammar expands a bounded

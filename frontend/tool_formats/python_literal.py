@@ -27,7 +27,6 @@ from .grammar import (
     const,
     json_value,
     optional,
-    regex,
     seq,
     star,
     tag,
@@ -62,23 +61,12 @@ dict ::= "{{" (string ": " value (", " string ": " value)*)? "}}"
     return {"type": "grammar", "grammar": grammar}
 
 
-def python_string(free: FreeText, min_length: int = 0, max_length: int | None = None) -> Format:
+def python_string(free: FreeText) -> Format:
     """A string literal holding none of ``free``'s excludes: single-quoted without
     escapes (as Python's repr writes most strings), or double-quoted JSON (which
-    Python reads the same, escapes included). With a length bound, the single-quoted
-    form keeps out the barred characters instead (see `FreeText`)."""
-    plain = ["'", "\\", "\n", "\r", "\x00"]
-    if min_length == 0 and max_length is None:
-        single = tag("'", any_text([*plain, *free.excludes]), "'")
-        return alt([single, json_value({"type": "string"}, free)])
-    rest = any_text([*plain, *free.barred])
-    if max_length is not None:
-        rest["max_chars"] = max(max_length - min_length, 0)
-    bar = "".join("\\" + c if c in "\\]^-[" else c for c in "'\\\r\n\x00" + free.barred)
-    head = regex(f"[^{bar}]{{{min_length}}}") if min_length else const("")
-    bounds = {"minLength": min_length} | ({} if max_length is None else {"maxLength": max_length})
-    double = json_value({"type": "string", **bounds}, free)
-    return alt([seq(const("'"), head, rest, const("'")), double])
+    Python reads the same, escapes included)."""
+    single = tag("'", any_text(["'", "\\", "\n", "\r", "\x00", *free.excludes]), "'")
+    return alt([single, json_value({"type": "string"}, free)])
 
 
 def literal_format(schema: Any, root: Any, free: FreeText) -> Format:
@@ -97,8 +85,8 @@ def literal_format(schema: Any, root: Any, free: FreeText) -> Format:
     if isinstance(t, list):
         return alt(literal_format({**s, "type": x}, root, free) for x in t)
     if t == "string":
-        if not any(k in s for k in ("enum", "const", "pattern", "format")):
-            return python_string(free, int(s.get("minLength", 0)), s.get("maxLength"))
+        if not any(k in s for k in _STRING_KEYWORDS[1:]):
+            return python_string(free)
         return json_value({k: s[k] for k in _STRING_KEYWORDS if k in s}, free)
     if t in ("integer", "number"):
         return json_value({k: s[k] for k in _NUMBER_KEYWORDS if k in s}, free)

@@ -29,6 +29,7 @@ from .base import FunctionTool, ToolCallParser, ToolFormat, ToolFormatError
 from .grammar import (
     API_NAME_SYNTAX,
     MAX_ENFORCED_LENGTH,
+    NOT_TEXT,
     Format,
     FreeText,
     alt,
@@ -292,7 +293,8 @@ class XmlParamsParser(MarkedCallParser):
 
 def raw_text_format(schema: Any, root: Any, free: FreeText, excludes: Sequence[str]) -> Format:
     """The raw text of a TEXT value of ``schema``: within its const, enum, pattern or
-    length, holding none of ``excludes``. A ``format`` is not enforced."""
+    length (a ``maxLength`` up to `MAX_ENFORCED_LENGTH`), holding none of
+    ``excludes``. A ``format`` is not enforced."""
     s = resolve(schema, root)
     if "const" in s:
         return const(_writable(s["const"], excludes))
@@ -306,19 +308,17 @@ def raw_text_format(schema: Any, root: Any, free: FreeText, excludes: Sequence[s
             return alt(raw_text_format(a, root, free, excludes) for a in s[key])
     if "pattern" in s:
         return regex(s["pattern"])
-    low = int(s.get("minLength", 0))
+    low = min(int(s.get("minLength", 0)), MAX_ENFORCED_LENGTH)
     high = s.get("maxLength")
+    if high is not None and int(high) > MAX_ENFORCED_LENGTH:
+        high = None
     if not low and high is None:
         return any_text(excludes)
-    # Bounded text keeps out the markers' first characters instead of the markers:
-    # xgrammar compiles a length bound with whole-marker excludes very slowly.
-    rest = any_text(sorted(set(free.barred)))
-    if high is not None:
-        rest["max_chars"] = max(int(high) - low, 0)
-    if not low:
-        return rest
-    bar = "[^" + _class_escape(free.barred) + "]"
-    return seq(regex(f"{bar}{{{min(low, MAX_ENFORCED_LENGTH)}}}"), rest)
+    # A bounded text is a character class repeated: exact in characters (xgrammar's
+    # any_text budget is not), keeping out the markers' first characters.
+    bar = _class_escape(free.barred)
+    upper = "" if high is None else str(int(high))
+    return regex(f"[^{bar}{NOT_TEXT}]{{{low},{upper}}}")
 
 
 def _class_escape(chars: str) -> str:
