@@ -39,6 +39,11 @@ def call_object_schema(tools: Sequence[FunctionTool], args_key: str) -> dict[str
     return schema
 
 
+def read_object_header(text: str, i: int) -> tuple[int, str]:
+    """A call object's header (`json_text.read_call_header` with `ARGUMENT_KEYS`)."""
+    return read_call_header(text, i, ARGUMENT_KEYS)
+
+
 def json_name_ok(name: str) -> bool:
     """A name a JSON string carries: printable, without markup brackets."""
     return bool(name) and name.isprintable() and not any(c in name for c in "<>[]")
@@ -72,16 +77,13 @@ class CallObjectsParser(ScanParser):
 
     def _object(self) -> bool:
         try:
-            end, name = read_call_header(self._buf, self._pos, ARGUMENT_KEYS)
+            end, name = self._header_at(read_object_header, self._pos)
         except Incomplete:
-            if not self._final:
-                return False
-            self._state = self._after_objects
-            return True
+            return False
         except NoMatch:
             self._state = self._after_objects
             return True
-        self._pos = end
+        self._pos += end
         self._open_call(name)
         self._state = self._object_arguments
         return True

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from structured_output import GrammarSpec
 
 from .base import FunctionTool, ToolCallParser, ToolFormat
-from .call_objects import ARGUMENT_KEYS, JSON_NAME_SYNTAX, call_object_schema, json_name_ok
+from .call_objects import JSON_NAME_SYNTAX, call_object_schema, json_name_ok, read_object_header
 from .grammar import (
     FreeText,
     const,
@@ -38,7 +38,6 @@ from .grammar import (
     structural_tag,
     token,
 )
-from .json_text import read_call_header
 from .marked_calls import CallSyntax, MarkedCallParser
 
 CALL_BEGIN = "<tool_call>"
@@ -78,5 +77,5 @@ class HermesParser(MarkedCallParser):
     syntax = SYNTAX
 
     def read_header(self, text: str, i: int) -> tuple[int, str, str | None]:
-        end, name = read_call_header(text, i, ARGUMENT_KEYS)
+        end, name = read_object_header(text, i)
         return end, name, None

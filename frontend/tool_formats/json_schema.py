@@ -11,8 +11,9 @@ the special tokens kept out of strings that a structural tag gives.
 
 Parser: "required" reads the array (objects need ``"name"`` first, then
 ``"parameters"`` or ``"arguments"``); text after the array is content, and an
-output that is not such an array is all content. Named: the first JSON value is the
-call's arguments; text after it is content.
+output that is not such an array is all content. Named: a JSON object first is the
+call's arguments, text after it content; an output that does not open with ``{`` is
+all content.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from structured_output import GrammarSpec
 
 from .base import FunctionTool, ToolCallParser, ToolFormat
 from .call_objects import (
-    ARGUMENT_KEYS,
     JSON_NAME_SYNTAX,
     CallObjectsParser,
     call_object_schema,
     json_name_ok,
+    read_object_header,
 )
 from .grammar import FreeText, json_value, select_tools, structural_tag
-from .json_text import Incomplete, NoMatch, read_call_header
+from .json_text import Incomplete, NoMatch
 from .scanning import Markers
 
 ARGS_KEY = "parameters"
@@ -79,6 +80,8 @@ class JsonSchemaParser(CallObjectsParser):
         if i == len(buf):
             return self._undecided()
         if self.named is not None:
+            if buf[i] != "{":
+                return self._not_calls()
             self._open_call(self.named)
             self._pos = i
             self._state = self._named_arguments
@@ -86,9 +89,9 @@ class JsonSchemaParser(CallObjectsParser):
         if buf[i] != "[":
             return self._not_calls()
         try:
-            read_call_header(buf, i + 1, ARGUMENT_KEYS)
+            self._header_at(read_object_header, i + 1)
         except Incomplete:
-            return self._undecided()
+            return False
         except NoMatch:
             return self._not_calls()
         self._pos = i + 1

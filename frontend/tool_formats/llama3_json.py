@@ -20,11 +20,11 @@ from structured_output import GrammarSpec
 
 from .base import FunctionTool, ToolCallParser, ToolFormat
 from .call_objects import (
-    ARGUMENT_KEYS,
     JSON_NAME_SYNTAX,
     CallObjectsParser,
     call_object_schema,
     json_name_ok,
+    read_object_header,
 )
 from .grammar import (
     FreeText,
@@ -37,7 +37,7 @@ from .grammar import (
     structural_tag,
     token,
 )
-from .json_text import Incomplete, NoMatch, read_call_header
+from .json_text import Incomplete, NoMatch
 from .scanning import Markers
 
 PYTHON_TAG = "<|python_tag|>"
@@ -82,12 +82,9 @@ class Llama3JsonParser(CallObjectsParser):
         elif not self._final and (pos == len(buf) or self._tag.may_start(buf, pos)):
             return False
         try:
-            read_call_header(buf, pos, ARGUMENT_KEYS)
+            self._header_at(read_object_header, pos)
         except Incomplete:
-            if not self._final:
-                return False
-            self._state = self._rest_is_content
-            return True
+            return False
         except NoMatch:
             self._state = self._rest_is_content
             return True

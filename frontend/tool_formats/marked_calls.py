@@ -209,14 +209,12 @@ class MarkedCallParser(ScanParser):
 
     def _header(self) -> bool:
         try:
-            end, name, call_id = self.read_header(self._buf, self._pos)
+            end, name, call_id = self._header_at(self.read_header, self._pos)
         except Incomplete:
-            if not self._final:
-                return False
-            return self._not_a_call()
+            return False
         except NoMatch:
             return self._not_a_call()
-        self._pos = end
+        self._pos += end
         self._open_call(name, call_id)
         self._state = self._arguments
         return True

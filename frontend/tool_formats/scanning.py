@@ -14,13 +14,19 @@ from __future__ import annotations
 import re
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .base import FunctionTool, StreamDelta, ToolCallDelta, ToolCallParser
-from .json_text import JsonExtent
+from .json_text import Incomplete, JsonExtent, NoMatch
 
 if TYPE_CHECKING:
     from .base import ToolFormat
+
+
+#: the most text a call's header may take: a header still undecided after this many
+#: characters is not a header (so a parser never holds back more than this)
+MAX_HEADER = 1024
+T = TypeVar("T")
 
 
 class Markers:
@@ -153,6 +159,18 @@ class ScanParser(ToolCallParser):
         end = len(buf) if self._final else markers.safe_end(buf, pos)
         self._pos = end
         return buf[pos:end], None
+
+    def _header_at(self, read: Callable[[str, int], T], at: int) -> T:
+        """``read(text, 0)`` on the text from ``at``, at most `MAX_HEADER` characters
+        of it (indices in the result count from ``at``). `Incomplete` only while the
+        output goes on and fewer characters than that have arrived; `NoMatch` after."""
+        window = self._buf[at : at + MAX_HEADER]
+        try:
+            return read(window, 0)
+        except Incomplete:
+            if self._final or len(window) >= MAX_HEADER:
+                raise NoMatch from None
+            raise
 
     def _skip_ws(self) -> None:
         buf, i = self._buf, self._pos

@@ -167,9 +167,12 @@ def round_trip(
                 t0 = time.perf_counter()
                 compiled = sampler.compile(spec)
                 t1 = time.perf_counter()
-                gen = sampler.generate(
-                    compiled, rng, max_tokens=max_tokens, free_text_ends=free_text_ends(spec)
-                )
+                try:
+                    gen = sampler.generate(
+                        compiled, rng, max_tokens=max_tokens, free_text_ends=free_text_ends(spec)
+                    )
+                except AssertionError as e:
+                    raise AssertionError(f"{case}: {e}") from e
                 t2 = time.perf_counter()
                 stats.compile_s += t1 - t0
                 stats.generate_s += t2 - t1

@@ -6,6 +6,7 @@ cannot carry."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import xgrammar as xgr
@@ -13,6 +14,8 @@ import xgrammar as xgr
 from frontend.tool_formats import FunctionTool, ToolFormat, ToolFormatError
 from frontend.tool_formats.grammar import MAX_ENFORCED_LENGTH, MAX_WHITESPACE
 from structured_output import GrammarSpec, SpecKind
+from tests.support.constrained_sampler import free_text_ends
+from tests.support.roundtrip import call_errors
 
 from .conftest import EXAMPLE_TOOLS, FAMILIES, format_for, json_schema_format, sampler_for
 from .examples import EXAMPLES
@@ -277,3 +280,21 @@ def test_json_schema_way(vocab: str) -> None:
     ]
     by_name = fmt.parse('{"tz": "CET"}', EXAMPLE_TOOLS, named="get_time")
     assert [(c.name, c.arguments) for c in by_name.tool_calls] == [("get_time", '{"tz": "CET"}')]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tools_without_a_schema_take_any_object(family: str) -> None:
+    """Parameters None (or ``strict: false``): any JSON object of arguments."""
+    fmt = format_for(family)
+    tools = [
+        FunctionTool("get_weather", None),
+        FunctionTool("get_time", {"type": "object"}, strict=False),
+    ]
+    sampler = sampler_for(fmt.tokenizer)
+    spec = fmt.constraint(tools, named=None, parallel=True)
+    compiled = sampler.compile(spec)
+    for k in range(5):
+        gen = sampler.generate(compiled, random.Random(k), free_text_ends=free_text_ends(spec))
+        if gen.finished:
+            parsed = fmt.parse(fmt.tokenizer.decode(gen.token_ids), tools)
+            assert call_errors(parsed, tools, None, True) == []

@@ -9,6 +9,8 @@ import json
 import pytest
 
 from frontend.tool_formats import FunctionTool, ParsedOutput, ToolFormat
+from frontend.tool_formats.scanning import MAX_HEADER
+from tests.support.roundtrip import same_output, stream_parse
 
 from .conftest import EXAMPLE_TOOLS, FAMILIES, format_for, json_schema_format
 from .examples import EXAMPLES
@@ -87,6 +89,17 @@ def test_a_header_that_is_not_a_call_stays_content() -> None:
     assert parse("hermes", text) == ParsedOutput(content=text, tool_calls=[])
     text = '<tool_call>\n{"arguments": {}, "name": "f"}</tool_call>'
     assert parse("hermes", text).tool_calls == []
+
+
+def test_a_header_never_held_beyond_its_limit() -> None:
+    """A header still undecided after `MAX_HEADER` characters is content, however the
+    text arrives."""
+    fmt = format_for("hermes")
+    text = '<tool_call>{"name": "' + "n" * MAX_HEADER + '", "arguments": {}}</tool_call>'
+    whole = fmt.parse(text, EXAMPLE_TOOLS)
+    assert whole == ParsedOutput(content=text, tool_calls=[])
+    assert same_output(stream_parse(fmt, text, EXAMPLE_TOOLS, range(len(text))), whole,
+                       compare_ids=False)  # fmt: skip
 
 
 def test_a_marker_inside_an_argument_string_ends_the_call() -> None:
@@ -239,6 +252,8 @@ def test_json_schema_way_reads_plain_json(vocab: str) -> None:
     assert fmt.parse("Sorry, no.", EXAMPLE_TOOLS).content == "Sorry, no."
     parsed = fmt.parse('  {"city": "Paris"} trailing', EXAMPLE_TOOLS, named="get_weather")
     assert (calls(parsed), parsed.content) == ([WEATHER], "trailing")
+    prose = fmt.parse("Sorry, no.", EXAMPLE_TOOLS, named="get_weather")
+    assert (prose.content, prose.tool_calls) == ("Sorry, no.", [])
 
 
 def test_one_push_gives_one_piece_per_call() -> None:
