@@ -32,6 +32,8 @@ class EngineConfig:
     script: str | None = None
     forward_ms: float = 0.0
     closing_bias: float = 3.0
+    #: the random model leans towards writing these texts (tests of XML-style formats)
+    ending_texts: list[str] = field(default_factory=list)
     compile_workers: int = 2
     compile_timeout_s: float = 10.0
     grammar_cache_mb: int = 512
@@ -94,6 +96,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     a("--script", default=None, help="script file of the scripted model")
     a("--forward-ms", type=float, default=d.forward_ms, help="fixed cost per forward (ms)")
     a("--closing-bias", type=float, default=d.closing_bias)
+    a("--ending-text", dest="ending_texts", action="append", default=[],
+      help="the random model leans towards writing this text (repeatable)")
     a("--compile-workers", type=int, default=d.compile_workers)
     a("--compile-timeout-s", type=float, default=d.compile_timeout_s)
     a("--grammar-cache-mb", type=int, default=d.grammar_cache_mb)

@@ -52,6 +52,7 @@ class EngineCore:
                 max_num_seqs=config.max_num_seqs,
                 forward_ms=config.forward_ms,
                 closing_bias=config.closing_bias,
+                ending_texts=list(config.ending_texts),
                 script=config.script,
             ),
         )

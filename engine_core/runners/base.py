@@ -34,6 +34,9 @@ class RunnerOptions:
     #: added to the logits of tokens that close strings, structures and markers, so
     #: that a random model ends its outputs
     closing_bias: float = 3.0
+    #: texts that end free text in the formats a test drives (a closing tag spelled
+    #: in ordinary tokens, say): a random model leans into writing them once begun
+    ending_texts: list[str] = field(default_factory=list)
     script: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -69,7 +72,9 @@ class ModelRunner(ABC):
 
 def closing_bias(tokenizer: Tokenizer, strength: float) -> np.ndarray:
     """``[vocab_rows]`` float32: ``strength`` for tokens that close a string or a
-    structure (``"``, ``}``, ``]``), for end-like markers (``</...>``, ``...end...``)
+    structure (``"``, ``'``, ``}``, ``]``, ``)``; and ``@``, which ends the local part of
+    an e-mail address, a format whose first part is otherwise unbounded), for end-like
+    markers (``</...>``, ``...end...``)
     and for stop tokens; ``-strength`` for tokens that are only whitespace (where a
     grammar allows free whitespace, hundreds of such tokens would otherwise win most
     draws); 0 elsewhere. A random model with this bias is still random in everything
@@ -77,7 +82,7 @@ def closing_bias(tokenizer: Tokenizer, strength: float) -> np.ndarray:
     bias = np.zeros(tokenizer.vocab_rows, dtype=np.float32)
     if strength == 0:
         return bias
-    closers = (b'"', b"}", b"]")
+    closers = (b'"', b"'", b"}", b"]", b")", b"@")
     for tid, b in enumerate(tokenizer.all_token_bytes):
         if not b:
             continue

@@ -18,7 +18,12 @@ POOL_ROWS = 64
 class RandomLogitsRunner(ModelRunner):
     """Each row's logits at each position are one of `POOL_ROWS` fixed random vectors,
     chosen by a hash of the request's ``model_seed`` and the position: reproducible per
-    request whatever else is in the batch, and cheap (one gather per step)."""
+    request whatever else is in the batch, and cheap (one gather per step).
+
+    With ``ending_texts``, the model also leans towards writing those texts: the first
+    token of each gets a small boost, and once an output ends with the beginning of
+    one, its next token a large one. Free text that ends only at a literal spelled in
+    ordinary tokens (an XML closing tag) would otherwise almost never end."""
 
     def __init__(self, tokenizer, options: RunnerOptions) -> None:
         super().__init__(tokenizer, options)
@@ -28,6 +33,14 @@ class RandomLogitsRunner(ModelRunner):
         self._pool = torch.from_numpy(pool).to(self.device)
         self._out = torch.empty((options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device)
         self._index = torch.empty(options.max_num_seqs, dtype=torch.int64)
+        # for each ending text, the first token of each of its remainders
+        self._endings = [t.encode("utf-8") for t in options.ending_texts if t]
+        self._next_of: dict[bytes, int] = {}
+        for text in options.ending_texts:
+            for k in range(len(text)):
+                self._next_of.setdefault(text[k:].encode("utf-8"), tokenizer.encode(text[k:])[0])
+        self._ending_starts = sorted({self._next_of[e] for e in self._endings})
+        self._token_bytes = tokenizer.token_bytes
 
     def forward(self, rows: Sequence[RunnerRow]) -> torch.Tensor:
         n = len(rows)
@@ -36,9 +49,52 @@ class RandomLogitsRunner(ModelRunner):
             idx[i] = _mix(r.model_seed, len(r.output_ids)) % POOL_ROWS
         out = self._out[:n]
         torch.index_select(self._pool, 0, self._index[:n].to(self.device), out=out)
+        if self._endings:
+            self._lean_to_endings(rows, out)
         if self.options.forward_ms > 0:
             time.sleep(self.options.forward_ms / 1000)
         return out
+
+
+    def _lean_to_endings(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
+        ri: list[int] = []
+        ti: list[int] = []
+        bonus: list[float] = []
+        tb = self._token_bytes
+        for i, r in enumerate(rows):
+            tail = b"".join(tb(t) for t in r.output_ids[-8:])
+            rest = _remainder(self._endings, tail)
+            nxt = self._next_of.get(rest) if rest else None
+            if nxt is not None:
+                ri.append(i)
+                ti.append(nxt)
+                bonus.append(ENDING_CONTINUE_BIAS)
+            else:
+                ri += [i] * len(self._ending_starts)
+                ti += self._ending_starts
+                bonus += [ENDING_START_BIAS] * len(self._ending_starts)
+        out.index_put_(
+            (torch.tensor(ri, device=self.device), torch.tensor(ti, device=self.device)),
+            torch.tensor(bonus, device=self.device),
+            accumulate=True,
+        )
+
+
+#: logit boosts towards `RunnerOptions.ending_texts`
+ENDING_START_BIAS = 4.0
+ENDING_CONTINUE_BIAS = 14.0
+
+
+def _remainder(endings: list[bytes], tail: bytes) -> bytes | None:
+    """What is left to write of the ending whose longest beginning ``tail`` ends with."""
+    best: tuple[int, bytes] | None = None
+    for e in endings:
+        for p in range(min(len(e) - 1, len(tail)), 0, -1):
+            if tail.endswith(e[:p]):
+                if best is None or p > best[0]:
+                    best = (p, e[p:])
+                break
+    return best[1] if best is not None else None
 
 
 def _mix(seed: int, position: int) -> int:

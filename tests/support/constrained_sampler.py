@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import xgrammar as xgr
 
-from structured_output import CompileOptions, GrammarSpec, compile_spec, tokenizer_info_for
+from structured_output import GrammarSpec, LocalCompiler
 from tokenization import Tokenizer
 
 #: the sampler's preferences, tried in order: tokens that close a JSON string or a
@@ -130,8 +130,8 @@ class ConstrainedSampler:
         self.p_stop = p_stop
         self.p_close = p_close
         self.p_plan = p_plan
-        self.info = tokenizer_info_for(tokenizer)
-        self.compiler = xgr.GrammarCompiler(self.info)
+        self._local = LocalCompiler(tokenizer)
+        self.info = self._local.tokenizer_info
         self.rows = self.info.vocab_size
         tiers = [np.zeros(self.rows, dtype=bool) for _ in range(4)]
         blank = np.zeros(self.rows, dtype=bool)
@@ -153,7 +153,7 @@ class ConstrainedSampler:
         """``spec`` compiled for this vocabulary (cached per spec)."""
         cg = self._cache.get(spec)
         if cg is None:
-            cg = self._cache[spec] = compile_spec(self.compiler, spec, CompileOptions())
+            cg = self._cache[spec] = self._local.compile(spec)
         return cg
 
     def _fill(self, matcher: xgr.GrammarMatcher) -> np.ndarray:

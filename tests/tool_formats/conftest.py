@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -25,17 +24,6 @@ from tokenization import Tokenizer, load_tokenizer
 with warnings.catch_warnings(), contextlib.suppress(ImportError):
     warnings.simplefilter("ignore", DeprecationWarning)
     import libcst  # noqa: F401
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked slow run only when selected (``-m slow``)."""
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason="slow: select with -m slow")
-    for item in items:
-        if "slow" in item.keywords and here in Path(item.path).parents:
-            item.add_marker(skip)
 
 
 #: family -> the vocabulary it is tested on (its own, or a base one for its markers)
