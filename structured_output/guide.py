@@ -11,7 +11,9 @@ Rules it keeps (DESIGN.md):
   plus the start marker's next token; tokens the grammar accepts meanwhile are fed
   tentatively and rolled back if the thinking opens;
 - an implicit-end token that the grammar would reject is banned while thinking, so
-  ending the thought can never produce an invalid answer;
+  ending the thought can never produce an invalid answer; so are the stop tokens,
+  since an output that stops while thinking has no answer at all (a constrained
+  answer cannot stop before its grammar may end);
 - a reasoning budget forces the end marker once the thought is that long.
 """
 
@@ -81,6 +83,7 @@ class RequestGuide:
         *,
         separator: SeparatorTable | None = None,
         implicit_end_ids: Sequence[int] = (),
+        stop_token_ids: Sequence[int] = (),
         budget: int | None = None,
         token_bytes: Sequence[bytes] = (),
     ) -> None:
@@ -94,10 +97,12 @@ class RequestGuide:
         self._matcher_alive = True
         self._forced: list[int] = []
         self._token_bytes = token_bytes
-        #: ids never allowed while thinking: implicit ends the grammar would reject
+        #: ids never allowed while thinking (when there is a grammar): implicit ends
+        #: the grammar would reject, and the stop tokens
         self.banned: tuple[int, ...] = ()
-        if matcher is not None and implicit_end_ids:
-            self.banned = tuple(t for t in implicit_end_ids if not _starts_with(matcher, t))
+        if matcher is not None:
+            rejected = [t for t in implicit_end_ids if not _starts_with(matcher, t)]
+            self.banned = tuple(dict.fromkeys([*rejected, *stop_token_ids]))
 
     # ----- read between steps -------------------------------------------------
 

@@ -128,6 +128,7 @@ class StructuredOutputManager:
             matcher,
             separator=separator,
             implicit_end_ids=parser.implicit_end_ids if parser is not None else (),
+            stop_token_ids=stop_token_ids,
             budget=reasoning_budget,
             token_bytes=self.tokenizer.all_token_bytes,
         )

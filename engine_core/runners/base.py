@@ -70,15 +70,21 @@ class ModelRunner(ABC):
 def closing_bias(tokenizer: Tokenizer, strength: float) -> np.ndarray:
     """``[vocab_rows]`` float32: ``strength`` for tokens that close a string or a
     structure (``"``, ``}``, ``]``), for end-like markers (``</...>``, ``...end...``)
-    and for stop tokens; 0 elsewhere. A random model with this bias is still random
-    in everything else, yet its outputs end."""
+    and for stop tokens; ``-strength`` for tokens that are only whitespace (where a
+    grammar allows free whitespace, hundreds of such tokens would otherwise win most
+    draws); 0 elsewhere. A random model with this bias is still random in everything
+    else, yet its outputs end."""
     bias = np.zeros(tokenizer.vocab_rows, dtype=np.float32)
     if strength == 0:
         return bias
     closers = (b'"', b"}", b"]")
     for tid, b in enumerate(tokenizer.all_token_bytes):
-        if b and any(c in b for c in closers):
+        if not b:
+            continue
+        if any(c in b for c in closers):
             bias[tid] = strength
+        elif not b.strip():
+            bias[tid] = -strength
     for text, tid in tokenizer.special_tokens.items():
         low = text.lower()
         if text.startswith("</") or "end" in low or "/" in text:

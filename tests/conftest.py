@@ -1,0 +1,22 @@
+"""Shared fixtures: real vocabularies, loaded once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenization import Tokenizer, load_tokenizer
+
+
+@pytest.fixture(scope="session")
+def qwen3() -> Tokenizer:
+    return load_tokenizer("qwen3")
+
+
+@pytest.fixture(scope="session")
+def harmony() -> Tokenizer:
+    return load_tokenizer("o200k_harmony")
+
+
+@pytest.fixture(scope="session")
+def llama3() -> Tokenizer:
+    return load_tokenizer("llama3")
