@@ -113,7 +113,7 @@ def body(text: str, **extra) -> dict:
 
 
 def complete(engine, fe, b: dict) -> ChatCompletion:
-    resp = engine.run(fe.create_chat_completion({**b, "stream": False}))
+    resp = engine.run(lambda: fe.create_chat_completion({**b, "stream": False}))
     assert isinstance(resp, ChatCompletion), resp
     return resp
 
@@ -125,7 +125,7 @@ def stream(engine, fe, b: dict) -> list[ChatCompletionChunk]:
         )
         return [c async for c in it]
 
-    return engine.run(go())
+    return engine.run(go)
 
 
 def whole(resp: ChatCompletion):
@@ -326,7 +326,7 @@ def test_usage_matches_the_engine(engine, fe):
         outs = [o async for o in engine.client.generate(prepared.engine_request)]
         return sum(len(o.new_token_ids) for o in outs), outs[-1]
 
-    n, last = engine.run(raw())
+    n, last = engine.run(raw)
     usage = whole(complete(engine, fe, b))[4]
     assert last.finish_reason == FinishReason.STOP
     assert usage.completion_tokens == n
@@ -339,7 +339,7 @@ def test_usage_matches_the_engine(engine, fe):
 
 def test_engine_errors_become_error_responses(engine, fe):
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
-    resp = engine.run(fe.create_chat_completion(body("JSON answer", response_format=bad)))
+    resp = engine.run(lambda: fe.create_chat_completion(body("JSON answer", response_format=bad)))
     assert isinstance(resp, ErrorResponse) and resp.error.code == 400
     assert "json_schema" in resp.error.message or "nonsense" in resp.error.message
     chunks = stream(engine, fe, body("JSON answer", response_format=bad))
@@ -347,9 +347,9 @@ def test_engine_errors_become_error_responses(engine, fe):
 
 
 def test_bad_requests_never_reach_the_engine(engine, fe):
-    resp = engine.run(fe.create_chat_completion(body("hi", tool_choice="required")))
+    resp = engine.run(lambda: fe.create_chat_completion(body("hi", tool_choice="required")))
     assert isinstance(resp, ErrorResponse) and resp.error.param == "tool_choice"
-    resp = engine.run(fe.create_chat_completion(body("hi", model="gpt-9")))
+    resp = engine.run(lambda: fe.create_chat_completion(body("hi", model="gpt-9")))
     assert resp.error.code == 404 and "gpt-9" in resp.error.message
     with pytest.raises(RequestError, match="thinking_token_budget"):
         engine.frontend().prepare(body("hi", thinking_token_budget=-3))
@@ -374,7 +374,7 @@ def test_thinking_budget_reaches_the_engine(engine, fe):
 
 def test_auto_needs_enable_auto_tool_choice(engine):
     fe = engine.frontend(tool_call_parser=FORMAT, tool_parser_plugin=PLUGIN)
-    resp = engine.run(fe.create_chat_completion(body("Chat freely", tools=TOOLS)))
+    resp = engine.run(lambda: fe.create_chat_completion(body("Chat freely", tools=TOOLS)))
     assert isinstance(resp, ErrorResponse)
     assert "--enable-auto-tool-choice" in resp.error.message
     # forced calls still use the format
@@ -399,5 +399,7 @@ def test_flag_errors(engine):
 
 def test_no_format_means_no_forced_calls(engine):
     fe = engine.frontend()
-    resp = engine.run(fe.create_chat_completion(body("hi", tools=TOOLS, tool_choice="required")))
+    resp = engine.run(
+        lambda: fe.create_chat_completion(body("hi", tools=TOOLS, tool_choice="required"))
+    )
     assert isinstance(resp, ErrorResponse) and "--tool-call-parser" in resp.error.message

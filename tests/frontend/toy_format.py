@@ -27,6 +27,7 @@ class _Parser(ToolCallParser):
         super().__init__(fmt, tools)
         self._buf = ""
         self._in_call = False
+        self._scan = 0
         self._index = 0
 
     def push(self, text: str) -> StreamDelta:
@@ -34,10 +35,14 @@ class _Parser(ToolCallParser):
         out = StreamDelta()
         while True:
             if self._in_call:
-                end = self._buf.find(CLOSE)
+                # A close marker may sit inside a JSON string: the call ends at the first
+                # one after which the body parses.
+                end = self._buf.find(CLOSE, self._scan)
+                while end >= 0 and not self._emit(self._buf[:end], out):
+                    end = self._buf.find(CLOSE, end + 1)
                 if end < 0:
+                    self._scan = max(0, len(self._buf) - len(CLOSE) + 1)
                     return out
-                self._emit(self._buf[:end], out)
                 self._buf = self._buf[end + len(CLOSE) :]
                 self._in_call = False
                 continue
@@ -45,28 +50,29 @@ class _Parser(ToolCallParser):
             if start >= 0:
                 out.content += self._buf[:start]
                 self._buf = self._buf[start + len(OPEN) :]
-                self._in_call = True
+                self._in_call, self._scan = True, 0
                 continue
             keep = next((k for k in range(len(OPEN) - 1, 0, -1) if self._buf.endswith(OPEN[:k])), 0)
             out.content += self._buf[: len(self._buf) - keep]
             self._buf = self._buf[len(self._buf) - keep :]
             return out
 
-    def _emit(self, body: str, out: StreamDelta) -> None:
+    def _emit(self, body: str, out: StreamDelta) -> bool:
         try:
             obj = json.loads(body)
         except ValueError:
-            out.content += OPEN + body + CLOSE
-            return
+            return False
+        name = obj["name"]
         out.tool_calls.append(
             ToolCallDelta(
                 self._index,
-                self.new_call_id(self._index, obj["name"]),
-                obj["name"],
+                self.new_call_id(self._index, name),
+                name,
                 json.dumps(obj.get("arguments", {})),
             )
         )
         self._index += 1
+        return True
 
     def finish(self) -> StreamDelta:
         out = StreamDelta(content=(OPEN if self._in_call else "") + self._buf)
@@ -92,7 +98,7 @@ class ToyCallsFormat(ToolFormat):
             "tags": tags,
             "separator": "",
             "at_least_one": True,
-            "stop_after_first": not parallel,
+            "stop_after_first": named is not None or not parallel,
         }
         return GrammarSpec(
             SpecKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": fmt})
