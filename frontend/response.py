@@ -426,3 +426,35 @@ class ChunkMaker:
     def usage(self, usage: Usage) -> ChatCompletionChunk:
         """The usage chunk (``stream_options.include_usage``): no choices."""
         return self._chunk([], usage)
+
+
+def fold_chunks(
+    chunks: Sequence[ChatCompletionChunk],
+) -> tuple[ChatMessage, str | None, Usage | None]:
+    """What a client rebuilds from a stream: the message, the finish reason and the
+    usage (when a usage chunk came)."""
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls: dict[int, list[str]] = {}  # index -> [id, name, arguments...]
+    finish: str | None = None
+    usage: Usage | None = None
+    for chunk in chunks:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            d = choice.delta
+            finish = choice.finish_reason or finish
+            reasoning.append(d.reasoning or "")
+            content.append(d.content or "")
+            for c in d.tool_calls:
+                fn = c.function or DeltaFunctionCall()
+                parts = calls.setdefault(c.index, [c.id or "", fn.name or ""])
+                parts.append(fn.arguments or "")
+    message = ChatMessage(
+        content="".join(content) or None,
+        reasoning="".join(reasoning) or None,
+        tool_calls=[
+            ToolCall(id=p[0], function=FunctionCall(name=p[1], arguments="".join(p[2:])))
+            for _, p in sorted(calls.items())
+        ],
+    )
+    return message, finish, usage
