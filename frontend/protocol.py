@@ -170,7 +170,9 @@ class StructuredOutputsParam(_In):
 
 
 class StreamOptions(_In):
+    #: a last chunk with the usage and no choices
     include_usage: bool = False
+    #: the usage so far on every chunk (vLLM's extension)
     continuous_usage_stats: bool = False
 
 
@@ -302,7 +304,8 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     created: int
     model: str
     choices: list[ChunkChoice]
-    #: only on the last chunk, when ``stream_options.include_usage`` asks for it
+    #: on the last chunk when ``stream_options.include_usage`` asks for it; on every
+    #: chunk with ``continuous_usage_stats``
     usage: Usage | None = None
 
 

@@ -59,7 +59,10 @@ class PreparedRequest:
     stop: list[str]
     include_reasoning: bool
     stream: bool
+    #: a usage chunk at the end of the stream
     include_usage: bool
+    #: the usage so far on every chunk (``stream_options.continuous_usage_stats``)
+    continuous_usage: bool
     prompt_text: str
 
     @property
@@ -159,6 +162,7 @@ class RequestBuilder:
             include_reasoning=req.include_reasoning,
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            continuous_usage=bool(req.stream_options and req.stream_options.continuous_usage_stats),
             prompt_text=text,
         )
 

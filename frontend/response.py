@@ -394,11 +394,13 @@ class ChunkMaker:
             usage=usage,
         )
 
-    def role(self) -> ChatCompletionChunk:
+    def role(self, usage: Usage | None = None) -> ChatCompletionChunk:
         """The first chunk: the role alone."""
-        return self._chunk([ChunkChoice(index=0, delta=DeltaMessage(role="assistant"))])
+        return self._chunk([ChunkChoice(index=0, delta=DeltaMessage(role="assistant"))], usage)
 
-    def delta(self, d: OutputDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
+    def delta(
+        self, d: OutputDelta, finish_reason: str | None = None, usage: Usage | None = None
+    ) -> ChatCompletionChunk:
         """A chunk of ``d``'s reasoning, content and call pieces. A call's first piece
         carries its index, id, type and name (and its first arguments text); later
         pieces its index and more arguments text."""
@@ -421,7 +423,7 @@ class ChunkMaker:
         delta = DeltaMessage(
             content=d.content or None, reasoning=d.reasoning or None, tool_calls=calls
         )
-        return self._chunk([ChunkChoice(index=0, delta=delta, finish_reason=finish_reason)])
+        return self._chunk([ChunkChoice(index=0, delta=delta, finish_reason=finish_reason)], usage)
 
     def usage(self, usage: Usage) -> ChatCompletionChunk:
         """The usage chunk (``stream_options.include_usage``): no choices."""

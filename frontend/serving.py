@@ -22,9 +22,10 @@ import importlib.util
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from typing import Any
 
-from engine_core.client import EngineClient, EngineDeadError
+from engine_core.client import EngineClient, EngineDeadError, RequestOutput
 from reasoning import (
     ReasoningError,
     get_reasoning_parser_class,
@@ -214,8 +215,9 @@ class ChatFrontend:
         acc = CompletionAccumulator()
         created = int(time.time())
         try:
-            async for out in self.client.generate(prepared.engine_request, stop=prepared.stop):
-                acc.add(proc.push(out))
+            async with aclosing(self._generate(prepared)) as outputs:
+                async for out in outputs:
+                    acc.add(proc.push(out))
         except EngineDeadError as e:
             return _engine_dead(e)
         if proc.error is not None:
@@ -232,28 +234,31 @@ class ChatFrontend:
     async def stream(
         self, prepared: PreparedRequest
     ) -> AsyncIterator[ChatCompletionChunk | ErrorResponse]:
-        """Run ``prepared`` and yield its chunks (see the module docstring). Leaving the
-        iteration early aborts the request in the engine."""
+        """Run ``prepared`` and yield its chunks (see the module docstring). Closing the
+        iterator early aborts the request in the engine."""
         proc = self.processor(prepared)
         chunks = ChunkMaker(prepared.request_id, int(time.time()), self.model_name)
-        yield chunks.role()
+        every = prepared.continuous_usage
+        yield chunks.role(proc.usage if every else None)
         try:
-            async for out in self.client.generate(prepared.engine_request, stop=prepared.stop):
-                delta = proc.push(out)
-                if proc.error is not None:
-                    if delta:
-                        yield chunks.delta(delta)
-                    yield proc.error_response(produced_tokens=proc.completion_tokens > 0)
-                    return
-                if proc.finished:
-                    yield chunks.delta(delta, proc.finish_reason)
-                elif delta:
-                    yield chunks.delta(delta)
+            async with aclosing(self._generate(prepared)) as outputs:
+                async for out in outputs:
+                    delta = proc.push(out)
+                    if proc.error is not None:
+                        if delta:
+                            yield chunks.delta(delta)
+                        yield proc.error_response(produced_tokens=proc.completion_tokens > 0)
+                        return
+                    if delta or proc.finished:
+                        yield chunks.delta(delta, proc.finish_reason, proc.usage if every else None)
         except EngineDeadError as e:
             yield _engine_dead(e)
             return
         if prepared.include_usage:
             yield chunks.usage(proc.usage)
+
+    def _generate(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
+        return self.client.generate(prepared.engine_request, stop=prepared.stop)
 
     async def create_chat_completion(
         self, body: Body

@@ -9,6 +9,7 @@ decides.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -332,6 +333,36 @@ def test_usage_matches_the_engine(engine, fe):
     assert usage.completion_tokens == n
     assert usage.completion_tokens_details.reasoning_tokens == last.num_reasoning_tokens
     assert usage.prompt_tokens == len(prepared.prompt_token_ids)
+
+
+def test_continuous_usage_stats(engine, fe):
+    b = body("Tell a story", stream=True)
+    b["stream_options"] = {"continuous_usage_stats": True}
+
+    async def go():
+        return [c async for c in await fe.create_chat_completion(b)]
+
+    chunks = engine.run(go)
+    used = [c.usage.completion_tokens for c in chunks]
+    assert used == sorted(used) and used[0] == 0
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_closing_a_stream_early_aborts_the_request(engine, fe):
+    prepared = fe.prepare(body("Tell a story", ignore_eos=True, max_tokens=2000, stream=True))
+
+    async def go():
+        it = fe.stream(prepared)
+        [await anext(it) for _ in range(3)]
+        await it.aclose()
+        for _ in range(50):
+            health = await engine.client.health()
+            if health.num_running == 0:
+                break
+            await asyncio.sleep(0.05)
+        return health
+
+    assert engine.run(go).num_running == 0
 
 
 # ----- errors ---------------------------------------------------------------------------
