@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -302,6 +303,43 @@ def test_json_schema_response_format(engine, fe, thinking):
         assert json.loads(content) == {"city": "Paris", "temp_c": 21}
     else:
         assert reasoning is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "check"),
+    [
+        ({"response_format": {"type": "json_object"}}, lambda c: isinstance(json.loads(c), dict)),
+        (
+            {"structured_outputs": {"regex": "(yes|no), [a-z ]{1,12}\\."}},
+            lambda c: re.fullmatch(r"(yes|no), [a-z ]{1,12}\.", c),
+        ),
+        ({"structured_outputs": {"choice": ["sunny", "rainy"]}}, lambda c: c in ("sunny", "rainy")),
+        ({"structured_outputs": {"json": ANSWER_SCHEMA}}, lambda c: json.loads(c)["temp_c"] == 21),
+        (
+            {
+                "response_format": {
+                    "type": "structural_tag",
+                    "format": {"type": "const_string", "value": "Fixed answer."},
+                }
+            },
+            lambda c: c == "Fixed answer.",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "structural_tag",
+                    "structures": [{"begin": "<a>", "schema": ANSWER_SCHEMA, "end": "</a>"}],
+                    "triggers": ["<a>"],
+                }
+            },
+            lambda c: json.loads(c)["city"] == "Paris",  # no trigger: the text is free
+        ),
+    ],
+)
+def test_other_constraints(engine, fe, extra, check):
+    reasoning, content, calls, finish, _ = both(engine, fe, body("JSON answer", **extra))
+    assert reasoning == "\nI know this one.\n" and not calls and finish == "stop"
+    assert check(content), content
 
 
 def test_include_reasoning_false_drops_reasoning_only(engine, fe):
