@@ -6,7 +6,9 @@
 2. with stop strings, holds back the tokens that may begin one, and at the stop cuts
    the text right before it (inside a token if need be);
 3. splits the token ids into reasoning and content with the reasoning tracker (the
-   same machine the engine drives, so both see the thinking end at the same token);
+   same machine the engine drives, so both see the thinking end at the same token),
+   and drops the family's separator (Qwen3's blank line after ``</think>``) from the
+   start of an answer that follows thinking; the thinking itself is left untouched;
 4. reads the content text for tool calls with the format's stream parser;
 5. drops calls after the first when ``parallel_tool_calls`` is false, gives each call
    an id if its format did not, and leaves the reasoning out when
