@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from structured_output.apply import allowed_ids, apply_bitmask_inplace, dense_mask, words_in_use
+from structured_output.apply import allowed_ids, apply_bitmask_inplace, words_in_use
 from structured_output.bitmask import FilledMask
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -57,77 +57,82 @@ class Sampler:
         self.top_p_candidates = top_p_candidates
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch, cons: StepConstraints) -> np.ndarray:
-        if logits.device.type == "cpu":
-            tokens = self._sample_cpu(logits, batch, cons)
-        else:
-            tokens = self._sample_device(logits, batch, cons)
+        """One token per row of ``logits`` ``[n, vocab_rows]`` (edited in place)."""
+        n = logits.shape[0]
+        tokens = np.empty(n, dtype=np.int64)
+        full = np.ones(n, dtype=bool)
+        if cons.mask is not None and len(cons.mask.rows):
+            rows = cons.mask.rows
+            if logits.device.type == "cpu":
+                words = cons.mask.buffer.numpy()[rows].view(np.uint32)
+                small = words_in_use(words) <= self.max_sparse_words
+                sparse_rows = rows[small]
+                if len(sparse_rows):
+                    tokens[sparse_rows] = self._sample_sparse(
+                        logits.numpy(), sparse_rows, words[small], batch, cons
+                    )
+                    full[sparse_rows] = False
+                # Rows that allow most of the vocabulary mask few logits: xgrammar's
+                # CPU kernel is fast for those (its cost grows with the masked count).
+                apply_bitmask_inplace(logits, cons.mask.buffer, rows[~small])
+            else:
+                hi = int(rows.max()) + 1
+                mask_dev = cons.mask.buffer[:hi].to(logits.device, non_blocking=True)
+                apply_bitmask_inplace(logits, mask_dev, rows)
+        full_rows = np.flatnonzero(full)
+        if len(full_rows):
+            self._ban(logits, cons, full)
+            tokens[full_rows] = self._sample_full(logits, full_rows, batch)
         if len(cons.forced_rows):
             tokens[cons.forced_rows] = cons.forced_ids
         return tokens
 
-    # ----- CPU ---------------------------------------------------------------
-
-    def _sample_cpu(self, logits: torch.Tensor, batch: SamplingBatch, cons: StepConstraints) -> np.ndarray:
-        n, vocab = logits.shape
-        x = logits.numpy()
-        tokens = np.empty(n, dtype=np.int64)
-        sparse_rows = _EMPTY
-        is_sparse = np.zeros(n, dtype=bool)
-        if cons.mask is not None and len(cons.mask.rows):
-            rows = cons.mask.rows
-            words = cons.mask.buffer.numpy()[rows].view(np.uint32)
-            small = words_in_use(words) <= self.max_sparse_words
-            sparse_rows = rows[small]
-            is_sparse[sparse_rows] = True
-            dense_rows = rows[~small]
-            if len(dense_rows):
-                allowed = dense_mask(words[~small], vocab)
-                x[dense_rows] = np.where(allowed, x[dense_rows], -np.inf)
-            if len(sparse_rows):
-                tokens[sparse_rows] = self._sample_sparse(x, sparse_rows, words[small], batch, cons)
-        full_rows = np.flatnonzero(~is_sparse)
-        if len(full_rows):
-            self._ban_full(x, cons, is_sparse)
-            z = logits if len(full_rows) == n else logits[torch.from_numpy(full_rows)]
-            tokens[full_rows] = self._sample_full(z, batch, full_rows).numpy()
-        return tokens
-
-    def _ban_full(self, x: np.ndarray, cons: StepConstraints, is_sparse: np.ndarray) -> None:
+    def _ban(self, logits: torch.Tensor, cons: StepConstraints, full: np.ndarray) -> None:
+        """Forbid the (row, id) bans of full-vocabulary rows, except in a row where
+        they would forbid everything."""
         if not len(cons.ban_rows):
             return
-        sel = ~is_sparse[cons.ban_rows]
-        rows, ids = cons.ban_rows[sel], cons.ban_ids[sel]
-        if not len(rows):
+        sel = full[cons.ban_rows]
+        if not sel.any():
             return
-        saved = x[rows, ids].copy()
-        x[rows, ids] = -np.inf
-        for r in np.unique(rows):
-            if not np.isfinite(x[r]).any():  # the bans forbade everything: lift them
-                x[r, ids[rows == r]] = saved[rows == r]
+        dev = logits.device
+        r = torch.from_numpy(cons.ban_rows[sel]).to(dev)
+        i = torch.from_numpy(cons.ban_ids[sel]).to(dev)
+        saved = logits[r, i].clone()
+        logits[r, i] = float("-inf")
+        rows = torch.unique(r)
+        dead = rows[torch.isinf(logits[rows]).all(dim=1)]
+        if len(dead):
+            lift = torch.isin(r, dead)
+            logits[r[lift], i[lift]] = saved[lift]
 
-    def _sample_full(self, z: torch.Tensor, batch: SamplingBatch, rows: np.ndarray) -> torch.Tensor:
-        """Rows of logits ``z`` (``rows`` says which batch rows they are) to tokens."""
-        temp = torch.from_numpy(batch.temperature[rows])
+    def _sample_full(self, logits: torch.Tensor, rows: np.ndarray, batch: SamplingBatch) -> np.ndarray:
+        """Sample rows ``rows`` of ``logits`` over the whole vocabulary (masked ids are
+        -inf already). Rows are edited in place."""
+        n = logits.shape[0]
+        dev = logits.device
+        temp = batch.temperature[rows]
+        out = np.empty(len(rows), dtype=np.int64)
         greedy = temp <= 0
-        out = torch.empty(len(rows), dtype=torch.int64)
-        if bool(greedy.any()):
-            out[greedy] = z[greedy].argmax(dim=1)
-        if bool(greedy.all()):
+        if greedy.any():
+            g = rows[greedy]
+            z = logits if len(g) == n else logits[torch.from_numpy(g).to(dev)]
+            out[greedy] = z.argmax(dim=1).cpu().numpy()
+        rnd = np.flatnonzero(~greedy)
+        if not len(rnd):
             return out
-        rnd = ~greedy
-        idx = torch.nonzero(rnd).squeeze(1)
-        zz = z if len(idx) == len(rows) else z[idx]
-        zz = zz / temp[idx].unsqueeze(1).to(zz.dtype)  # a new tensor: safe to edit below
-        zz = self._top_k_top_p(zz, batch.top_k[rows][idx.numpy()], batch.top_p[rows][idx.numpy()])
-        probs = torch.softmax(zz, dim=1)
-        cdf = torch.cumsum(probs, dim=1)
-        u = torch.from_numpy(batch.uniforms[rows][idx.numpy()]).to(cdf.dtype)
-        target = (u * cdf[:, -1]).unsqueeze(1)
-        pick = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=zz.shape[1] - 1)
-        bad = probs.gather(1, pick.unsqueeze(1)).squeeze(1) <= 0
-        if bool(bad.any()):  # rounding at the very top of the CDF
-            pick[bad] = probs[bad].argmax(dim=1)
-        out[idx] = pick
+        r = rows[rnd]
+        cut = (batch.top_k[r] > 0) | (batch.top_p[r] < 1)
+        plain = r[~cut]
+        if len(plain):  # temperature only: straight from the logits, in place
+            z = logits if len(plain) == n else logits[torch.from_numpy(plain).to(dev)]
+            out[rnd[~cut]] = _inverse_cdf(z, 1.0 / temp[rnd[~cut]], batch.uniforms[plain])
+        trimmed = r[cut]
+        if len(trimmed):
+            z = logits[torch.from_numpy(trimmed).to(dev)]
+            z /= torch.from_numpy(temp[rnd[cut]]).to(dev, z.dtype).unsqueeze(1)
+            z = self._top_k_top_p(z, batch.top_k[trimmed], batch.top_p[trimmed])
+            out[rnd[cut]] = _inverse_cdf(z, None, batch.uniforms[trimmed])
         return out
 
     def _top_k_top_p(self, z: torch.Tensor, top_k: np.ndarray, top_p: np.ndarray) -> torch.Tensor:
@@ -232,34 +237,51 @@ class Sampler:
         result[rnd] = tok[pick]
         return result
 
-    # ----- CUDA and other devices ---------------------------------------------
 
-    def _sample_device(self, logits: torch.Tensor, batch: SamplingBatch, cons: StepConstraints) -> np.ndarray:
-        dev = logits.device
-        if cons.mask is not None and len(cons.mask.rows):
-            rows = cons.mask.rows
-            hi = int(rows.max()) + 1
-            mask_dev = cons.mask.buffer[:hi].to(dev, non_blocking=True)
-            apply_bitmask_inplace(logits, mask_dev, rows)
-        if len(cons.ban_rows):
-            r = torch.from_numpy(cons.ban_rows).to(dev)
-            i = torch.from_numpy(cons.ban_ids).to(dev)
-            saved = logits[r, i].clone()
-            logits[r, i] = float("-inf")
-            dead = torch.isinf(logits[r]).all(dim=1)
-            if bool(dead.any()):
-                logits[r[dead], i[dead]] = saved[dead]
-        rows_all = np.arange(logits.shape[0])
-        temp = torch.from_numpy(batch.temperature).to(dev)
-        greedy = temp <= 0
-        out = logits.argmax(dim=1)
-        if not bool(greedy.all()):
-            z = logits / torch.where(greedy, torch.ones_like(temp), temp).unsqueeze(1)
-            z = self._top_k_top_p(z, batch.top_k[rows_all], batch.top_p[rows_all])
-            probs = torch.softmax(z.float(), dim=1)
-            cdf = torch.cumsum(probs, dim=1)
-            u = torch.from_numpy(batch.uniforms).to(dev, dtype=cdf.dtype)
-            pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
-            pick = pick.clamp_(max=logits.shape[1] - 1)
-            out = torch.where(greedy, out, pick)
-        return out.cpu().numpy().astype(np.int64)
+def _block_size(vocab: int) -> int:
+    for bs in (128, 64, 32, 16, 8, 4, 2):
+        if vocab % bs == 0:
+            return bs
+    return 1
+
+
+def _inverse_cdf(z: torch.Tensor, inv_t: np.ndarray | None, u: np.ndarray) -> np.ndarray:
+    """One draw per row of ``softmax(z * inv_t)`` by inverse CDF, in two levels: pick a
+    block of ids by the blocks' masses, then an id inside it. Three passes over the
+    logits (max, exp, block sums) instead of softmax and a full cumulative sum.
+    ``z`` is overwritten; ``-inf`` entries are never drawn; a row with nothing
+    allowed gives -1."""
+    k, vocab = z.shape
+    dev = z.device
+    bs = _block_size(vocab)
+    mx = z.max(dim=1, keepdim=True).values
+    dead = torch.isinf(mx).squeeze(1)
+    mx[dead] = 0.0
+    z.sub_(mx)
+    if inv_t is not None and not np.all(inv_t == 1.0):
+        z.mul_(torch.from_numpy(inv_t.astype(np.float32)).to(dev).unsqueeze(1))
+    z.exp_()
+    blocks = z.view(k, -1, bs)
+    mass = blocks.sum(dim=2)
+    cum = torch.cumsum(mass, dim=1)
+    target = torch.from_numpy(u).to(dev, cum.dtype) * cum[:, -1]
+    b = torch.searchsorted(cum, target.unsqueeze(1), right=True).squeeze(1)
+    b.clamp_(max=cum.shape[1] - 1)
+    arange = torch.arange(k, device=dev)
+    # rounding at the top of the CDF can land on an empty block: take the last
+    # block with mass instead
+    empty = mass[arange, b] <= 0
+    if bool(empty.any()):
+        last = (mass > 0).float().cumsum(dim=1).argmax(dim=1)
+        b = torch.where(empty, last, b)
+    before = torch.where(b > 0, cum[arange, (b - 1).clamp(min=0)], torch.zeros_like(target))
+    inner = blocks[arange, b]
+    icum = torch.cumsum(inner, dim=1)
+    j = torch.searchsorted(icum, (target - before).clamp(min=0).unsqueeze(1), right=True).squeeze(1)
+    j.clamp_(max=bs - 1)
+    zero = inner[arange, j] <= 0
+    if bool(zero.any()):
+        j = torch.where(zero, (inner > 0).float().cumsum(dim=1).argmax(dim=1), j)
+    tok = b * bs + j
+    tok[dead] = -1
+    return tok.cpu().numpy()

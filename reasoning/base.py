@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Mapping, Sequence
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
@@ -72,12 +72,15 @@ class ReasoningTracker(ABC):
     def __init__(self, phase: Phase) -> None:
         self.phase = phase
         self.num_reasoning_tokens = 0
-        self._checkpoints: deque[tuple[Any, list[int]]] = deque(maxlen=self.ROLLBACK_WINDOW)
+        # (state before the call, the call's ids, whether it was a text call)
+        self._checkpoints: deque[tuple[Any, list[int], bool]] = deque(maxlen=self.ROLLBACK_WINDOW)
 
     # ----- what a family implements -------------------------------------------
 
     @abstractmethod
-    def _advance(self, token_ids: Sequence[int], want_text: bool) -> tuple[AnswerStart | None, TextSplit | None]:
+    def _advance(
+        self, token_ids: Sequence[int], want_text: bool
+    ) -> tuple[AnswerStart | None, TextSplit | None]:
         """Consume ``token_ids``; update ``phase`` and ``num_reasoning_tokens``.
 
         Returns where the answer began (only on the call that leaves THINKING or
@@ -110,12 +113,12 @@ class ReasoningTracker(ABC):
         """Engine side: feed new output ids (one, or several with speculative decoding).
 
         Returns `AnswerStart` on the call in which the answer begins, else None."""
-        self._checkpoints.append((self._snapshot(), list(token_ids)))
+        self._checkpoints.append((self._snapshot(), list(token_ids), False))
         return self._advance(token_ids, False)[0]
 
     def split_bytes(self, token_ids: Sequence[int]) -> tuple[TextSplit, AnswerStart | None]:
         """Front-end side: like `advance`, and also the reasoning and content bytes."""
-        self._checkpoints.append((self._snapshot(), list(token_ids)))
+        self._checkpoints.append((self._snapshot(), list(token_ids), True))
         start, text = self._advance(token_ids, True)
         assert text is not None
         return text, start
@@ -125,22 +128,25 @@ class ReasoningTracker(ABC):
         return self._flush_text()
 
     def rollback(self, num_tokens: int) -> None:
-        """Undo the last ``num_tokens`` fed ids (within the last `ROLLBACK_WINDOW` calls)."""
+        """Undo the last ``num_tokens`` fed ids (within the last `ROLLBACK_WINDOW` calls):
+        the state becomes that of a tracker never fed them. A call undone in part is
+        replayed in its own mode (engine or text), its output discarded; text already
+        returned for undone ids is the caller's to discard."""
         if num_tokens <= 0:
             return
-        replay: list[int] = []
-        while num_tokens > 0:
-            if not self._checkpoints:
-                raise ValueError("rollback reaches past the tracker's rollback window")
-            snap, ids = self._checkpoints.pop()
+        if num_tokens > sum(len(ids) for _, ids, _ in self._checkpoints):
+            raise ValueError("rollback reaches past the tracker's rollback window")
+        while True:
+            snap, ids, want_text = self._checkpoints.pop()
             self._restore(snap)
             if len(ids) > num_tokens:
-                replay = ids[: len(ids) - num_tokens] + replay
-                num_tokens = 0
-            else:
-                num_tokens -= len(ids)
-        if replay:
-            self.advance(replay)
+                keep = ids[: len(ids) - num_tokens]
+                self._checkpoints.append((self._snapshot(), keep, want_text))
+                self._advance(keep, want_text)
+                return
+            num_tokens -= len(ids)
+            if num_tokens == 0:
+                return
 
     @property
     def ended(self) -> bool:
@@ -203,9 +209,11 @@ class ReasoningParser(ABC):
         self,
         output_token_ids: Sequence[int],
         prompt_token_ids: Sequence[int] = (),
-        reasoning_ended: bool | None = False,
+        reasoning_ended: bool | None | Literal["prompt"] = "prompt",
     ) -> tuple[str | None, str | None]:
-        """Whole output to (reasoning, content); None where a side is empty."""
+        """Whole output to (reasoning, content); None where a side is empty.
+        ``reasoning_ended`` as for `tracker`; by default what `reasoning_ended` says of
+        the prompt (as the front end sends it)."""
         stream = self.stream(prompt_token_ids, reasoning_ended)
         a = stream.push(output_token_ids)
         b = stream.finish()
@@ -214,11 +222,13 @@ class ReasoningParser(ABC):
     def stream(
         self,
         prompt_token_ids: Sequence[int] = (),
-        reasoning_ended: bool | None = False,
+        reasoning_ended: bool | None | Literal["prompt"] = "prompt",
         *,
         include_reasoning: bool = True,
     ) -> ReasoningStream:
-        """A stream splitter for one output."""
+        """A stream splitter for one output; ``reasoning_ended`` as for `split`."""
+        if reasoning_ended == "prompt":
+            reasoning_ended = self.reasoning_ended(prompt_token_ids)
         return ReasoningStream(
             self.tracker(prompt_token_ids, reasoning_ended), include_reasoning=include_reasoning
         )

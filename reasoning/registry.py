@@ -34,7 +34,9 @@ _LAZY: dict[str, str] = {
 _LOADED: dict[str, type[ReasoningParser]] = {}
 
 
-def register_reasoning_parser(name: str) -> Callable[[type[ReasoningParser]], type[ReasoningParser]]:
+def register_reasoning_parser(
+    name: str,
+) -> Callable[[type[ReasoningParser]], type[ReasoningParser]]:
     """Class decorator: make a parser available under ``name`` (plugins use this)."""
 
     def deco(cls: type[ReasoningParser]) -> type[ReasoningParser]:

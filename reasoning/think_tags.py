@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import AnswerStart, Phase, ReasoningError, ReasoningParser, ReasoningTracker, TextSplit
+from .answer_wrapper import AnswerWrapper, WrapperState
+from .base import AnswerStart, Phase, ReasoningParser, ReasoningTracker, TextSplit
+from .text_markers import current_turn, require_special, special_ids, vocab_index
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
@@ -32,6 +34,12 @@ class ThinkTagsParser(ReasoningParser):
     implicit_end_markers: ClassVar[tuple[str, ...]] = ()
     #: markers that start a turn: a backward scan of the prompt stops at one
     turn_markers: ClassVar[tuple[str, ...]] = ()
+    #: text the model may write before the start marker (GLM-4.5 writes ``\\n<think>``);
+    #: while the output is a prefix of it (ordinary tokens) the phase stays UNDECIDED,
+    #: and it is dropped when reasoning opens
+    start_lead: ClassVar[bytes] = b""
+    #: a wrapper the family writes around its answer, removed from content
+    answer_wrapper: ClassVar[AnswerWrapper | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -39,23 +47,12 @@ class ThinkTagsParser(ReasoningParser):
 
     def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: Mapping[str, Any] | None = None):
         super().__init__(tokenizer, chat_template_kwargs)
-        self.start_id = self._marker_id(self.start_marker)
-        self.end_id = self._marker_id(self.end_marker)
-        self._implicit = tuple(self._marker_id(m) for m in self.implicit_end_markers)
+        self.start_id = require_special(self, self.start_marker)
+        self.end_id = require_special(self, self.end_marker)
+        self._implicit = tuple(require_special(self, m) for m in self.implicit_end_markers)
         # Turn markers only bound the prompt scan; a vocabulary without them is fine.
-        self._turn_ids = frozenset(
-            t for t in (tokenizer.special_tokens.get(m) for m in self.turn_markers) if t is not None
-        )
-        self._token_bytes = tokenizer.token_bytes
-
-    def _marker_id(self, marker: str) -> int:
-        tid = self.tokenizer.special_tokens.get(marker)
-        if tid is None:
-            raise ReasoningError(
-                f"reasoning parser {self.name!r} needs the marker {marker!r} as one special "
-                f"token, and the vocabulary {self.tokenizer.name!r} has no such token"
-            )
-        return tid
+        self._turn_ids = special_ids(tokenizer, self.turn_markers)
+        self._lead_continuations: dict[bytes, tuple[int, ...]] = {}
 
     @property
     def implicit_end_ids(self) -> Sequence[int]:
@@ -66,43 +63,91 @@ class ThinkTagsParser(ReasoningParser):
         return Phase.UNDECIDED
 
     def prompt_phase(self, prompt_token_ids: Sequence[int]) -> Phase:
-        for tid in reversed(prompt_token_ids):
+        for tid in reversed(current_turn(prompt_token_ids, self._turn_ids)):
             if tid == self.end_id:
                 return Phase.ANSWER
             if tid == self.start_id:
                 return Phase.THINKING
-            if tid in self._turn_ids:
-                break
         return self.default_phase()
 
     def new_tracker(self, phase: Phase) -> ReasoningTracker:
         return ThinkTagsTracker(self, phase)
 
+    def start_continuations(self, written: bytes) -> tuple[int, ...]:
+        """After ``written`` (a prefix of `start_lead`): the start marker, and the
+        ordinary tokens that continue the lead."""
+        ids = self._lead_continuations.get(written)
+        if ids is None:
+            rest = self.start_lead[len(written) :]
+            index = vocab_index(self.tokenizer)
+            lead = [t for k in range(1, len(rest) + 1) for t in index.exact(rest[:k])]
+            special = self.tokenizer.special_ids
+            ids = (self.start_id, *(t for t in lead if t not in special))
+            self._lead_continuations[written] = ids
+        return ids
+
 
 class ThinkTagsTracker(ReasoningTracker):
-    __slots__ = ("_start", "_end", "_implicit", "_tb")
+    """State beyond the phase: in UNDECIDED, the lead written so far (``_held``) and
+    the number of tokens it took; in ANSWER, the answer wrapper's state."""
+
+    __slots__ = (
+        "_p",
+        "_start",
+        "_end",
+        "_implicit",
+        "_special",
+        "_tb",
+        "_held",
+        "_undecided",
+        "_wrap",
+    )
 
     def __init__(self, parser: ThinkTagsParser, phase: Phase) -> None:
         super().__init__(phase)
+        self._p = parser
         self._start = parser.start_id
         self._end = parser.end_id
         self._implicit = frozenset(parser.implicit_end_ids)
+        self._special = parser.tokenizer.special_ids
         self._tb = parser.tokenizer.token_bytes
+        self._held = b""
+        self._undecided = 0
+        wrapper = parser.answer_wrapper
+        self._wrap: WrapperState | None = wrapper.initial() if wrapper is not None else None
 
     def start_marker_continuations(self) -> Sequence[int]:
-        return (self._start,) if self.phase == Phase.UNDECIDED else ()
+        if self.phase != Phase.UNDECIDED:
+            return ()
+        if not self._p.start_lead:
+            return (self._start,)
+        return self._p.start_continuations(self._held)
 
     def end_marker_ids(self) -> Sequence[int]:
         return (self._end,) if self.phase == Phase.THINKING else ()
 
     def _snapshot(self) -> Any:
-        return (self.phase, self.num_reasoning_tokens)
+        return (self.phase, self.num_reasoning_tokens, self._held, self._undecided, self._wrap)
 
     def _restore(self, snapshot: Any) -> None:
-        self.phase, self.num_reasoning_tokens = snapshot
+        self.phase, self.num_reasoning_tokens, self._held, self._undecided, self._wrap = snapshot
 
     def _flush_text(self) -> TextSplit:
-        return TextSplit(b"", b"")
+        # An undecided lead that never opened reasoning is content.
+        content, self._held = self._held, b""
+        wrapper = self._p.answer_wrapper
+        if wrapper is not None and self._wrap is not None:
+            out, self._wrap = wrapper.feed(self._wrap, content) if content else (b"", self._wrap)
+            content = out + wrapper.flush(self._wrap)
+        return TextSplit(b"", content)
+
+    def _content(self, data: bytes, out: list[bytes]) -> None:
+        wrapper = self._p.answer_wrapper
+        if wrapper is None or self._wrap is None:
+            out.append(data)
+            return
+        piece, self._wrap = wrapper.feed(self._wrap, data)
+        out.append(piece)
 
     def _advance(
         self, token_ids: Sequence[int], want_text: bool
@@ -116,16 +161,24 @@ class ThinkTagsTracker(ReasoningTracker):
             if phase == Phase.ANSWER:
                 if not want_text:
                     break
-                content.append(tb(tid))
+                self._content(tb(tid), content)
                 continue
             if phase == Phase.UNDECIDED:
                 if tid == self._start:
-                    self.phase = Phase.THINKING
+                    self.phase, self._held, self._undecided = Phase.THINKING, b"", 0
                     continue
+                lead = self._p.start_lead
+                if lead and tid not in self._special:
+                    buf = self._held + tb(tid)
+                    if lead.startswith(buf):
+                        self._held = buf
+                        self._undecided += 1
+                        continue
                 self.phase = Phase.ANSWER
-                start = AnswerStart(i)
+                start = AnswerStart(i - self._undecided)
                 if want_text:
-                    content.append(tb(tid))
+                    self._content(self._held + tb(tid), content)
+                self._held, self._undecided = b"", 0
                 continue
             # THINKING
             if tid == self._end:
@@ -135,7 +188,7 @@ class ThinkTagsTracker(ReasoningTracker):
                 self.phase = Phase.ANSWER
                 start = AnswerStart(i)
                 if want_text:
-                    content.append(tb(tid))
+                    self._content(tb(tid), content)
             elif tid != self._start:
                 self.num_reasoning_tokens += 1
                 if want_text:

@@ -1,5 +1,6 @@
 """Grammars for structured outputs: compile, gate on the end of thinking, fill, apply."""
 
+from .local import LocalCompiler
 from .specs import CompileOptions, GrammarError, GrammarSpec, SpecKind, compile_spec
 from .vocab import build_tokenizer_info, tokenizer_info_for
 
@@ -7,6 +8,7 @@ __all__ = [
     "CompileOptions",
     "GrammarError",
     "GrammarSpec",
+    "LocalCompiler",
     "SpecKind",
     "build_tokenizer_info",
     "compile_spec",

@@ -154,6 +154,7 @@ class CompileService:
                 token_bytes=list(tokenizer.all_token_bytes),
                 vocab_rows=tokenizer.vocab_rows,
                 stop_token_ids=list(tokenizer.stop_token_ids),
+                special_tokens=dict(tokenizer.special_tokens),
                 max_whitespace=options.max_whitespace,
                 max_spec_bytes=options.max_spec_bytes,
                 memory_limit_bytes=worker_memory_bytes,

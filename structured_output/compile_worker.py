@@ -21,6 +21,7 @@ class WorkerInit(msgspec.Struct, array_like=True):
     token_bytes: list[bytes]
     vocab_rows: int
     stop_token_ids: list[int]
+    special_tokens: dict[str, int]
     max_whitespace: int
     max_spec_bytes: int
     memory_limit_bytes: int = 0
@@ -74,7 +75,10 @@ def main() -> int:
     from .specs import CompileOptions, GrammarError, GrammarSpec, compile_spec
     from .vocab import build_tokenizer_info
 
-    info = build_tokenizer_info(init.token_bytes, init.vocab_rows, init.stop_token_ids)
+    specials = init.special_tokens
+    info = build_tokenizer_info(
+        init.token_bytes, init.vocab_rows, init.stop_token_ids, set(specials.values())
+    )
     del init.token_bytes
     compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     options = CompileOptions(max_whitespace=init.max_whitespace, max_spec_bytes=init.max_spec_bytes)
@@ -83,7 +87,7 @@ def main() -> int:
     while (raw := read_frame(stdin)) is not None:
         job = dec.decode(raw)
         try:
-            compiled = compile_spec(compiler, GrammarSpec.of(job.kind, job.value), options)
+            compiled = compile_spec(compiler, GrammarSpec.of(job.kind, job.value), options, specials)
             reply = CompileReply(job.job_id, True, grammar_json=compiled.serialize_json())
         except GrammarError as e:
             reply = CompileReply(job.job_id, False, error=str(e))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -85,12 +86,18 @@ def check_spec(spec: GrammarSpec, options: CompileOptions) -> None:
 
 
 def compile_spec(
-    compiler: xgr.GrammarCompiler, spec: GrammarSpec, options: CompileOptions
+    compiler: xgr.GrammarCompiler,
+    spec: GrammarSpec,
+    options: CompileOptions,
+    special_tokens: Mapping[str, int] | None = None,
 ) -> xgr.CompiledGrammar:
-    """Compile ``spec``; a spec xgrammar rejects raises `GrammarError`."""
+    """Compile ``spec``; a spec xgrammar rejects raises `GrammarError`.
+
+    ``special_tokens`` (text -> id) are the vocabulary's sealed special tokens (see
+    `vocab.py`): a structural tag's markers are bound and resolved against them."""
     check_spec(spec, options)
     try:
-        return _compile(compiler, spec, options)
+        return _compile(compiler, spec, options, special_tokens or {})
     except GrammarError:
         raise
     except (RuntimeError, ValueError, TypeError) as e:
@@ -98,7 +105,10 @@ def compile_spec(
 
 
 def _compile(
-    compiler: xgr.GrammarCompiler, spec: GrammarSpec, options: CompileOptions
+    compiler: xgr.GrammarCompiler,
+    spec: GrammarSpec,
+    options: CompileOptions,
+    special_tokens: Mapping[str, int],
 ) -> xgr.CompiledGrammar:
     ws = options.max_whitespace
     if spec.kind == SpecKind.JSON_SCHEMA:
@@ -119,8 +129,9 @@ def _compile(
     if spec.kind == SpecKind.GRAMMAR:
         return compiler.compile_grammar(spec.value)
     if spec.kind == SpecKind.STRUCTURAL_TAG:
-        tag = json.loads(spec.value)
-        if tag.get("type") != "structural_tag":
-            tag = {"type": "structural_tag", "format": tag}
-        return compiler.compile_structural_tag(json.dumps(tag))
+        from .structural_tags import prepare_structural_tag
+
+        return compiler.compile_structural_tag(
+            prepare_structural_tag(json.loads(spec.value), special_tokens)
+        )
     raise GrammarError(f"unsupported structured-output kind {spec.kind!r}")

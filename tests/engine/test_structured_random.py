@@ -87,8 +87,7 @@ def _hermes_tag(tools: list[dict]) -> dict:
                         "type": "sequence",
                         "elements": [
                             {"type": "const_string", "value": f'\n{{"name": "{t["name"]}", "arguments": '},
-                            {"type": "json_schema", "json_schema": t["parameters"], "max_whitespace_cnt": 4,
-                             "excludes": ["<tool_call>", "</tool_call>"]},
+                            {"type": "json_schema", "json_schema": t["parameters"], "max_whitespace_cnt": 4},
                             {"type": "const_string", "value": "}\n"},
                         ],
                     },

@@ -1,0 +1,182 @@
+"""One property suite over every family (random outputs, random chunkings).
+
+For each case of `cases.CASES`: the stream split equals the whole split; the engine
+side (`advance`, another chunking) finds the answer at the same absolute token as the
+front end (`split_bytes`); an independent oracle agrees with the split, the answer
+start and the reasoning token count; rollback then re-feeding changes nothing;
+``include_reasoning=False`` drops only reasoning; the engine hints (start-marker
+continuations, end-marker ids) do what they promise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reasoning import AnswerStart, Phase, ReasoningStream, ReasoningTracker
+
+from .cases import CASES, Case, chunkings, chunks, output_strategy, parser_for, tokenizer_for
+
+
+def _settings(examples: int) -> settings:
+    """Example counts sized so the whole suite runs in well under a minute on 2 cores."""
+    return settings(
+        max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+
+
+pytestmark = pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+
+
+def _draw_output(data: st.DataObject, case: Case) -> tuple[Phase, list[int]]:
+    phase = data.draw(st.sampled_from(case.phases), label="phase")
+    ids = data.draw(output_strategy(case), label="ids")
+    return phase, ids
+
+
+def _feed_text(
+    tracker: ReasoningTracker, parts: Sequence[Sequence[int]], offset: int = 0
+) -> tuple[bytes, bytes, tuple[int, bytes] | None]:
+    """Front end: feed ``parts`` with `split_bytes`, then flush. Returns the bytes and
+    the answer start as (absolute index, prefix)."""
+    r, c, found = [], [], None
+    for part in parts:
+        text, start = tracker.split_bytes(part)
+        r.append(text.reasoning)
+        c.append(text.content)
+        if start is not None:
+            assert found is None, "the answer starts once"
+            found = (offset + start.index, start.prefix)
+        offset += len(part)
+    tail = tracker.flush()
+    return b"".join(r) + tail.reasoning, b"".join(c) + tail.content, found
+
+
+def _feed_engine(
+    tracker: ReasoningTracker, parts: Sequence[Sequence[int]], offset: int = 0
+) -> tuple[int, bytes] | None:
+    found = None
+    for part in parts:
+        start = tracker.advance(part)
+        if start is not None:
+            assert found is None, "the answer starts once"
+            assert start.index <= len(part)
+            found = (offset + start.index, start.prefix)
+        offset += len(part)
+    return found
+
+
+@_settings(100)
+@given(data=st.data())
+def test_split_matches_oracle_and_stream(case: Case, data: st.DataObject) -> None:
+    parser, tok = parser_for(case), tokenizer_for(case)
+    phase, ids = _draw_output(data, case)
+    expected = case.oracle(tok, ids, phase)
+
+    # (3) + (4): the front end's bytes, answer start and count against the oracle
+    sizes = data.draw(chunkings(len(ids)), label="front-end chunks")
+    tracker = parser.new_tracker(phase)
+    reasoning, content, found = _feed_text(tracker, chunks(ids, sizes))
+    assert reasoning == expected.reasoning
+    assert content == expected.content
+    want = None if expected.answer_at is None else (expected.answer_at, expected.prefix)
+    assert found == want
+    assert tracker.num_reasoning_tokens == expected.num_reasoning_tokens
+
+    # (1): stream deltas concatenate to the whole split, whatever the chunking
+    whole = ReasoningStream(parser.new_tracker(phase))
+    a, b = whole.push(ids), whole.finish()
+    stream = ReasoningStream(parser.new_tracker(phase))
+    deltas = [stream.push(part) for part in chunks(ids, sizes)] + [stream.finish()]
+    assert "".join(d.reasoning for d in deltas) == a.reasoning + b.reasoning
+    assert "".join(d.content for d in deltas) == a.content + b.content
+    assert (a.reasoning + b.reasoning).encode() == expected.reasoning.decode(
+        "utf-8", "replace"
+    ).encode()
+
+    # (6): include_reasoning=False drops reasoning deltas and nothing else
+    hidden = ReasoningStream(parser.new_tracker(phase), include_reasoning=False)
+    hidden_deltas = [hidden.push(part) for part in chunks(ids, sizes)] + [hidden.finish()]
+    assert all(d.reasoning == "" for d in hidden_deltas)
+    assert [d.content for d in hidden_deltas] == [d.content for d in deltas]
+    assert hidden.num_reasoning_tokens == stream.num_reasoning_tokens
+
+
+@_settings(60)
+@given(data=st.data())
+def test_engine_agrees_with_front_end(case: Case, data: st.DataObject) -> None:
+    # (2): the engine's answer start (its own chunking) is the front end's
+    parser = parser_for(case)
+    phase, ids = _draw_output(data, case)
+    front = parser.new_tracker(phase)
+    engine = parser.new_tracker(phase)
+    front_found = _feed_text(front, chunks(ids, data.draw(chunkings(len(ids)))))[2]
+    engine_found = _feed_engine(engine, chunks(ids, data.draw(chunkings(len(ids)))))
+    assert engine_found == front_found
+    assert engine.phase == front.phase
+    engine.flush()
+    assert engine.num_reasoning_tokens == front.num_reasoning_tokens
+
+
+@_settings(60)
+@given(data=st.data())
+def test_rollback_then_refeed(case: Case, data: st.DataObject) -> None:
+    # (5): a tracker fed P, then X, rolled back over all of X (or part of it), then fed
+    # the rest behaves exactly as one fed only what was kept.
+    parser = parser_for(case)
+    phase, ids = _draw_output(data, case)
+    junk = data.draw(output_strategy(case), label="junk")
+    cut = data.draw(st.integers(0, len(ids)), label="cut")
+    prefix, suffix = ids[:cut], ids[cut:]
+    x_parts = chunks(junk, data.draw(chunkings(len(junk), max_parts=8)))
+    undo = data.draw(st.integers(0, len(junk)), label="undo")
+    kept = junk[: len(junk) - undo]
+    p_parts = chunks(prefix, data.draw(chunkings(len(prefix))))
+    s_parts = chunks(suffix, data.draw(chunkings(len(suffix))))
+
+    for text_mode in (False, True):
+        rolled = parser.new_tracker(phase)
+        plain = parser.new_tracker(phase)
+        feed = _feed_text if text_mode else _feed_engine
+        for part in p_parts:
+            for t in (rolled, plain):
+                (t.split_bytes if text_mode else t.advance)(part)
+        for part in x_parts:
+            (rolled.split_bytes if text_mode else rolled.advance)(part)
+        rolled.rollback(undo)
+        (plain.split_bytes if text_mode else plain.advance)(kept)
+        assert rolled.phase == plain.phase
+        assert rolled.num_reasoning_tokens == plain.num_reasoning_tokens
+        assert feed(rolled, s_parts) == feed(plain, s_parts)
+        assert rolled.num_reasoning_tokens == plain.num_reasoning_tokens
+
+
+@_settings(50)
+@given(data=st.data())
+def test_engine_hints(case: Case, data: st.DataObject) -> None:
+    """In UNDECIDED, a start-marker continuation never starts the answer; in THINKING,
+    feeding `end_marker_ids` closes reasoning with its last id."""
+    parser = parser_for(case)
+    phase, ids = _draw_output(data, case)
+    tracker = parser.new_tracker(phase)
+    for i in range(len(ids)):
+        if tracker.phase == Phase.UNDECIDED:
+            conts = tracker.start_marker_continuations()
+            assert conts, "an undecided tracker can always go on opening reasoning"
+            for t in data.draw(st.lists(st.sampled_from(list(conts)), max_size=3)):
+                assert tracker.advance([t]) is None
+                assert tracker.phase != Phase.ANSWER
+                tracker.rollback(1)
+        if tracker.phase == Phase.THINKING and data.draw(st.integers(0, 3)) == 0:
+            forced = list(tracker.end_marker_ids())
+            assert forced
+            start = tracker.advance(forced)
+            assert tracker.phase != Phase.THINKING
+            if tracker.phase == Phase.ANSWER:
+                assert start == AnswerStart(len(forced))
+            tracker.rollback(len(forced))
+            assert tracker.phase == Phase.THINKING
+        tracker.advance(ids[i : i + 1])
