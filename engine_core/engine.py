@@ -176,14 +176,16 @@ class EngineCore:
                 if r.status == Status.FINISHED:
                     self.runner.remove(r)
             self.running = [r for r in self.running if r.status != Status.FINISHED]
-        if not self.waiting:
+        room = self.config.max_num_seqs - len(self.running)
+        if not self.waiting or room <= 0:
             return
         still: deque[EngineRequest] = deque()
-        room = self.config.max_num_seqs - len(self.running)
-        for r in self.waiting:
+        waiting = self.waiting
+        while waiting and room > 0:
+            r = waiting.popleft()
             if r.status == Status.FINISHED:
                 continue
-            if room <= 0 or (r.grammar is not None and not r.grammar.done()):
+            if r.grammar is not None and not r.grammar.done():
                 still.append(r)
                 continue
             try:
@@ -205,6 +207,7 @@ class EngineCore:
             self.runner.add(r)
             self.running.append(r)
             room -= 1
+        still.extend(waiting)
         self.waiting = still
 
     # ----- one step ---------------------------------------------------------------
