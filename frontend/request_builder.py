@@ -10,9 +10,10 @@
    the prompt ids (None when no reasoning parser is configured), and send the kwargs as
    ``reasoning_parser_kwargs`` so that the engine's parser reads the output alike;
 3. the constraint: for a forced call ("required" or named) the tool format's
-   ``constraint`` (or, with ``--tool-call-constraint json_schema``, the JSON-schema
-   way); for ``response_format`` / ``structured_outputs`` the matching spec, wrapped by
-   the format's ``response_constraint`` where the family has one; otherwise none.
+   ``constraint`` (or the JSON-schema way: with ``--tool-call-constraint json_schema``,
+   or when no format is configured); for ``response_format`` / ``structured_outputs``
+   the matching spec, wrapped by the format's ``response_constraint`` where the family
+   wraps its answers (Harmony's final channel); otherwise none.
 
 ``include_reasoning: false`` changes nothing here: the model still thinks, and the
 engine still switches the grammar on where the thinking ends.
@@ -85,14 +86,17 @@ class RequestBuilder:
         *,
         reasoning_parser: str | None,
         tool_format: ToolFormat | None,
-        json_schema_calls: bool,
+        forced_format: ToolFormat | None,
         default_max_tokens: int,
     ) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.reasoning_parser_name = reasoning_parser
+        #: the family's format (``--tool-call-parser``): reads calls, wraps answers
         self.tool_format = tool_format
-        self.json_schema_calls = json_schema_calls
+        #: the format that forces "required" and named calls: the family's, or the
+        #: JSON-schema way; None: calls cannot be forced
+        self.forced_format = forced_format
         self.default_max_tokens = default_max_tokens
         self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
 
@@ -197,13 +201,11 @@ class RequestBuilder:
         return spec
 
     def _forced_call(self, plan: ToolPlan) -> GrammarSpec:
-        if self.json_schema_calls:
-            from .tool_formats import json_schema
-
-            return json_schema.constraint(plan.tools, named=plan.named, parallel=plan.parallel)
-        assert self.tool_format is not None  # check_request refuses a forced call otherwise
+        assert self.forced_format is not None  # check_request refuses a forced call otherwise
         try:
-            return self.tool_format.constraint(plan.tools, named=plan.named, parallel=plan.parallel)
+            return self.forced_format.constraint(
+                plan.tools, named=plan.named, parallel=plan.parallel
+            )
         except (ToolFormatError, GrammarError) as e:
             raise RequestError(str(e), "tools") from None
 

@@ -10,9 +10,10 @@
    and drops the family's separator (Qwen3's blank line after ``</think>``) from the
    start of an answer that follows thinking; the thinking itself is left untouched;
 4. reads the content text for tool calls with the format's stream parser;
-5. drops calls after the first when ``parallel_tool_calls`` is false, gives each call
-   an id if its format did not, and leaves the reasoning out when
-   ``include_reasoning`` is false.
+5. drops calls after the first when ``parallel_tool_calls`` is false (all calls when
+   the request reads none: a family that frames its answers, such as Harmony, is
+   parsed for its content even then), gives each call an id if its format did not,
+   and leaves the reasoning out when ``include_reasoning`` is false.
 
 It returns `OutputDelta` pieces; a whole response is their concatenation
 (`CompletionAccumulator`), a stream sends each one as a chunk (`ChunkMaker`), so the two
@@ -222,6 +223,7 @@ class OutputProcessor:
         tracker: ReasoningTracker | None,
         separator: bytes = b"",
         tool_parser: ToolCallParser | None,
+        keep_calls: bool = True,
         parallel_tool_calls: bool = True,
         include_reasoning: bool = True,
         stop: Sequence[str] = (),
@@ -229,6 +231,7 @@ class OutputProcessor:
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.include_reasoning = include_reasoning
+        self.keep_calls = keep_calls
         self.parallel_tool_calls = parallel_tool_calls
         self._split = ReasoningSplitter(tracker, token_bytes, separator)
         self._tools = tool_parser
@@ -285,7 +288,7 @@ class OutputProcessor:
         for d in parsed:
             delta.content += d.content
             for call in d.tool_calls:
-                if call.index > 0 and not self.parallel_tool_calls:
+                if not self.keep_calls or (call.index > 0 and not self.parallel_tool_calls):
                     continue
                 if call.index not in self._call_ids:
                     self._call_ids[call.index] = call.id = call.id or default_call_id()

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_core.client import EngineClient, EngineDeadError, RequestOutput
 from reasoning import (
@@ -53,14 +53,30 @@ from .tool_formats import (
 )
 from .validation import RequestError, ToolSupport, check_request, decode_request
 
+if TYPE_CHECKING:
+    from tokenization import Tokenizer
+
 log = logging.getLogger("thinkgate.frontend")
 
 Body = bytes | str | Mapping[str, Any] | ChatCompletionRequest
 
 
-def json_schema_calls_available() -> bool:
-    """Whether this build has the JSON-schema way of forcing calls."""
-    return importlib.util.find_spec("frontend.tool_formats.json_schema") is not None
+def json_schema_format(tokenizer: Tokenizer) -> ToolFormat | None:
+    """The JSON-schema way of forcing calls (plain JSON, any family), or None when this
+    build has none."""
+    if importlib.util.find_spec("frontend.tool_formats.json_schema") is None:
+        return None
+    from .tool_formats.json_schema import JsonSchemaToolFormat
+
+    return JsonSchemaToolFormat(tokenizer)
+
+
+def frames_answers(fmt: ToolFormat) -> bool:
+    """Whether the family wraps its answers in its own syntax (Harmony's channels): it
+    overrides ``response_constraint``, and its parser must read every answer, calls
+    or not, to take the content out of the framing."""
+    own = getattr(type(fmt), "response_constraint", None)
+    return own is not None and own is not getattr(ToolFormat, "response_constraint", None)
 
 
 class ChatFrontend:
@@ -80,7 +96,7 @@ class ChatFrontend:
         self.tokenizer = builder.tokenizer
         self.support = ToolSupport(
             auto=config.enable_auto_tool_choice and tool_format is not None,
-            forced=tool_format is not None or builder.json_schema_calls,
+            forced=builder.forced_format is not None,
         )
 
     @classmethod
@@ -131,14 +147,15 @@ class ChatFrontend:
             except ToolFormatError as e:
                 raise ConfigError(str(e)) from None
 
-        json_schema_calls = config.tool_call_constraint == "json_schema" or tool_format is None
-        if json_schema_calls and not json_schema_calls_available():
-            if config.tool_call_constraint == "json_schema":
+        # vLLM's rule: without a family format, calls are forced as plain JSON
+        forced_format = tool_format
+        if config.tool_call_constraint == "json_schema" or tool_format is None:
+            forced_format = json_schema_format(tokenizer)
+            if forced_format is None and config.tool_call_constraint == "json_schema":
                 raise ConfigError(
                     "--tool-call-constraint json_schema: this build has no JSON-schema way of "
                     "forcing calls (frontend/tool_formats/json_schema.py)"
                 )
-            json_schema_calls = False
 
         try:
             source = resolve_chat_template(
@@ -157,7 +174,7 @@ class ChatFrontend:
             template,
             reasoning_parser=reasoning,
             tool_format=tool_format,
-            json_schema_calls=json_schema_calls,
+            forced_format=forced_format,
             default_max_tokens=config.default_max_tokens,
         )
         return cls(
@@ -193,21 +210,27 @@ class ChatFrontend:
             tracker=tracker,
             separator=parser.content_separator if parser is not None else b"",
             tool_parser=self._tool_parser(prepared),
+            keep_calls=prepared.plan.reads_calls,
             parallel_tool_calls=prepared.plan.parallel,
             include_reasoning=prepared.include_reasoning,
             stop=prepared.stop,
         )
 
     def _tool_parser(self, prepared: PreparedRequest) -> ToolCallParser | None:
+        """The parser of the content: the forcing format's for a forced call, the
+        family's for "auto"; for an answer without calls, the family's only where it
+        frames its answers (its calls are then dropped, see `processor`)."""
         plan = prepared.plan
-        if not plan.reads_calls:
-            return None
-        if plan.forced and self.builder.json_schema_calls:
-            from .tool_formats import json_schema
-
-            return json_schema.new_parser(plan.tools, named=plan.named)
-        assert self.tool_format is not None
-        return self.tool_format.new_parser(plan.tools)
+        if plan.forced:
+            assert self.builder.forced_format is not None
+            return self.builder.forced_format.new_parser(plan.tools, named=plan.named)
+        fmt = self.tool_format
+        if plan.reads_calls:
+            assert fmt is not None  # check_request refuses "auto" otherwise
+            return fmt.new_parser(plan.tools)
+        if fmt is not None and frames_answers(fmt):
+            return fmt.new_parser(())
+        return None
 
     async def complete(self, prepared: PreparedRequest) -> ChatCompletion | ErrorResponse:
         """Run ``prepared`` and return the whole response."""

@@ -104,5 +104,5 @@ class ToyCallsFormat(ToolFormat):
             SpecKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": fmt})
         )
 
-    def new_parser(self, tools):
+    def new_parser(self, tools, *, named=None):
         return _Parser(self, tools)
