@@ -201,7 +201,8 @@ def _print_result(message: ChatMessage, finish: str | None, usage: Usage | None)
     if message.tool_calls:
         for i, c in enumerate(message.tool_calls):
             head = "  tool_calls    " if i == 0 else "                "
-            print(f"{head} [{i}] {c.function.name} {c.function.arguments}  (id {c.id[:22]}...)")
+            args = c.function.arguments.replace("\n", "\\n").replace("\t", "\\t")
+            print(f"{head} [{i}] {c.function.name} {args}  (id {c.id[:22]}...)")
     else:
         print("  tool_calls     []")
     print(f"  finish_reason  {finish}")

@@ -23,20 +23,15 @@ class Engine(EngineHarness):
 @pytest.fixture(scope="module")
 def engine_factory(tmp_path_factory):
     """``engine_factory(rules, **engine_config)``: the scripted model following
-    ``rules`` (see engine_core/runners/scripted.py), shut down with the module."""
+    ``rules`` (see engine_core/runners/scripted.py; default: the qwen3 vocabulary, on
+    the CPU), shut down with the module."""
     engines: list[Engine] = []
 
     def make(rules: list[dict[str, str]], **config: Any) -> Engine:
         script = tmp_path_factory.mktemp("engine") / "script.json"
         script.write_text(json.dumps({"rules": rules, "default": "Nothing is scripted."}))
-        cfg = EngineConfig(
-            model="scripted",
-            tokenizer="qwen3",
-            script=str(script),
-            device="cpu",
-            compile_workers=1,
-            **config,
-        )
+        settings: dict[str, Any] = {"tokenizer": "qwen3", "device": "cpu", "compile_workers": 1}
+        cfg = EngineConfig(model="scripted", script=str(script), **{**settings, **config})
         engines.append(Engine(cfg))
         return engines[-1]
 
