@@ -113,11 +113,6 @@ class ChatFrontend:
         tokenizer = client.tokenizer()
 
         reasoning = config.reasoning_parser or handshake.reasoning_parser
-        if reasoning != handshake.reasoning_parser:
-            raise ConfigError(
-                f"the front end's reasoning parser ({reasoning!r}) differs from the engine's "
-                f"({handshake.reasoning_parser!r}): both must find the end of thinking alike"
-            )
         if reasoning is not None:
             try:
                 get_reasoning_parser_class(reasoning)(tokenizer, None)
@@ -128,6 +123,11 @@ class ChatFrontend:
                 ) from None
             except ReasoningError as e:
                 raise ConfigError(str(e)) from None
+        if reasoning != handshake.reasoning_parser:
+            raise ConfigError(
+                f"the front end's reasoning parser ({reasoning!r}) differs from the engine's "
+                f"({handshake.reasoning_parser!r}): both must find the end of thinking alike"
+            )
 
         tool_format = None
         if config.tool_call_parser:

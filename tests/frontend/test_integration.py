@@ -462,6 +462,10 @@ def test_flag_errors(engine):
         engine.frontend(tool_parser_plugin="no_such_module_anywhere")
     with pytest.raises(ConfigError, match="differs from the engine's"):
         engine.frontend(reasoning_parser="deepseek_r1")
+    with pytest.raises(ConfigError, match="unknown reasoning parser 'nope'; known: .*qwen3"):
+        engine.frontend(reasoning_parser="nope")
+    with pytest.raises(ConfigError, match="--reasoning-parser-plugin"):
+        engine.frontend(reasoning_parser_plugin="/no/such/plugin.py")
     with pytest.raises(ConfigError, match="--chat-template"):
         engine.frontend(chat_template="missing.jinja")
 
