@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 
 import numpy as np
 
@@ -151,9 +151,9 @@ class EngineCore:
         return len(mine)
 
     def _forget(self, r: EngineRequest) -> None:
+        # A grammar still compiling is left to finish: requests with the same spec
+        # share its future, and the result lands in the cache either way.
         self.requests.pop(r.key, None)
-        if r.grammar is not None and not r.grammar.done():
-            r.grammar.cancel()
 
     @property
     def has_work(self) -> bool:
@@ -198,8 +198,8 @@ class EngineCore:
                     reasoning_budget=r.reasoning_budget,
                     stop_token_ids=r.grammar_stop_ids,
                 )
-            except (GrammarError, ReasoningError) as e:
-                r.finish(FinishReason.ERROR, error=str(e))
+            except (GrammarError, ReasoningError, CancelledError) as e:
+                r.finish(FinishReason.ERROR, error=str(e) or "grammar compilation was cancelled")
                 out.append((r.client, self._final_of(r)))
                 self.requests.pop(r.key, None)
                 continue

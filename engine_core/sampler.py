@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from structured_output.apply import allowed_ids, apply_bitmask_inplace, words_in_use
+from structured_output.apply import allowed_counts, allowed_ids, apply_bitmask_inplace
 from structured_output.bitmask import FilledMask
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -50,10 +50,12 @@ class StepConstraints:
 class Sampler:
     """Turns a step's logits into one token per row (-1: the row allowed nothing)."""
 
-    def __init__(self, vocab_rows: int, *, max_sparse_words: int = 128, top_p_candidates: int = 1024):
+    def __init__(self, vocab_rows: int, *, max_sparse_ids: int | None = None, top_p_candidates: int = 1024):
         self.vocab_rows = vocab_rows
-        #: a mask row with at most this many non-zero 32-bit words is sampled sparsely
-        self.max_sparse_words = max_sparse_words
+        #: a mask row that allows at most this many ids is sampled from them alone
+        #: (default: a sixteenth of the vocabulary); the others are masked in place
+        #: and go through the full-vocabulary pass
+        self.max_sparse_ids = vocab_rows // 16 if max_sparse_ids is None else max_sparse_ids
         self.top_p_candidates = top_p_candidates
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch, cons: StepConstraints) -> np.ndarray:
@@ -65,7 +67,7 @@ class Sampler:
             rows = cons.mask.rows
             if logits.device.type == "cpu":
                 words = cons.mask.buffer.numpy()[rows].view(np.uint32)
-                small = words_in_use(words) <= self.max_sparse_words
+                small = allowed_counts(words) <= self.max_sparse_ids
                 sparse_rows = rows[small]
                 if len(sparse_rows):
                     tokens[sparse_rows] = self._sample_sparse(
