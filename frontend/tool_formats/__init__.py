@@ -12,6 +12,7 @@ from .base import (
     collect,
     default_call_id,
 )
+from .json_schema import JsonSchemaToolFormat
 from .registry import (
     create_tool_format,
     get_tool_format_class,
@@ -21,6 +22,7 @@ from .registry import (
 
 __all__ = [
     "FunctionTool",
+    "JsonSchemaToolFormat",
     "ParsedOutput",
     "StreamDelta",
     "ToolCall",

@@ -84,10 +84,14 @@ class ToolCallParser(ABC):
     """Reads one output's content text, incrementally. Per-call work is proportional
     to the new text; only an unresolved tail (a partial marker) is held back."""
 
-    def __init__(self, fmt: ToolFormat, tools: Sequence[FunctionTool]) -> None:
+    def __init__(
+        self, fmt: ToolFormat, tools: Sequence[FunctionTool], *, named: str | None = None
+    ) -> None:
         self.format = fmt
         self.tools = list(tools)
         self.tools_by_name = {t.name: t for t in tools}
+        #: the request's named function, if any
+        self.named = named
 
     @abstractmethod
     def push(self, text: str) -> StreamDelta:
@@ -124,18 +128,29 @@ class ToolFormat(ABC):
     ) -> GrammarSpec:
         """The grammar that forces a call: one of ``tools`` at least ("required",
         ``named`` None), or exactly one call of ``named``. ``parallel`` False allows
-        exactly one call. The grammar starts at the answer's first token."""
+        exactly one call. The grammar starts at the answer's first token. Tools the
+        syntax cannot carry raise `ToolFormatError`."""
 
     @abstractmethod
-    def new_parser(self, tools: Sequence[FunctionTool]) -> ToolCallParser:
-        """An incremental parser for one output."""
+    def new_parser(
+        self, tools: Sequence[FunctionTool], *, named: str | None = None
+    ) -> ToolCallParser:
+        """An incremental parser for one output. ``named`` is the request's named
+        function, for formats whose output does not carry the name."""
 
-    def parse(self, text: str, tools: Sequence[FunctionTool]) -> ParsedOutput:
+    def parse(
+        self, text: str, tools: Sequence[FunctionTool], *, named: str | None = None
+    ) -> ParsedOutput:
         """Whole content text to calls and the remaining content (via the same
         machine as the stream, so the two agree)."""
-        parser = self.new_parser(tools)
+        parser = self.new_parser(tools, named=named)
         deltas = [parser.push(text), parser.finish()]
         return collect(deltas)
+
+    def response_constraint(self, spec: GrammarSpec) -> GrammarSpec:
+        """The grammar for a ``response_format`` answer in this family's syntax: ``spec``
+        itself, unless the family wraps its answers (Harmony's final channel)."""
+        return spec
 
 
 def collect(deltas: Sequence[StreamDelta]) -> ParsedOutput:

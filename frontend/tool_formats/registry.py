@@ -51,7 +51,9 @@ def get_tool_format_class(name: str) -> type[ToolFormat]:
         return cls
     target = _LAZY.get(name)
     if target is None:
-        raise KeyError(f"unknown tool-call parser {name!r}; known: {', '.join(tool_format_names())}")
+        raise KeyError(
+            f"unknown tool-call parser {name!r}; known: {', '.join(tool_format_names())}"
+        )
     module_name, _, class_name = target.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     cls.name = name

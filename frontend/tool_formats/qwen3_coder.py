@@ -1,0 +1,51 @@
+"""Qwen3-Coder calls (also known as qwen3_xml)::
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    </function>
+    </tool_call>
+
+``<tool_call>``/``</tool_call>`` are special tokens; the rest is text. Parameter
+values are raw text read by the tool's schema (`xml_params`); the newline on each
+side of a value belongs to the markup, so exactly one is stripped on each side.
+
+Constraint: calls separated by ``\\n``; in each, the tool's parameters in schema
+order, required ones always, each value in the form `xml_params.value_kind` gives.
+Parser: whitespace between tags is free; a value without ``</parameter>`` ends at the
+call's end marker.
+"""
+
+from __future__ import annotations
+
+from .marked_calls import CallSyntax, Template
+from .xml_params import ParamSyntax, XmlArgumentsFormat, XmlParamsParser
+
+CALL_BEGIN = "<tool_call>"
+CALL_END = "</tool_call>"
+SYNTAX = CallSyntax(
+    call_begin=CALL_BEGIN,
+    call_end=CALL_END,
+    header=Template("\n<function={name}>\n"),
+    tail=("</function>\n",),
+    separator="\n",
+)
+PARAMS = ParamSyntax(
+    key_begin="<parameter=", key_end=">", value_end="</parameter>", newline_wrapped=True
+)
+
+
+class Qwen3CoderParser(XmlParamsParser):
+    syntax = SYNTAX
+    params = PARAMS
+
+
+class Qwen3CoderToolFormat(XmlArgumentsFormat):
+    special_markers = (CALL_BEGIN, CALL_END)
+    syntax = SYNTAX
+    params = PARAMS
+    parser_class = Qwen3CoderParser
+    #: a substring of both call markers
+    nested_covers = ("_call>",)

@@ -1,0 +1,200 @@
+"""Forced calls through a format and back: constrain, generate with the adversarial
+sampler, parse the whole output and the stream of it, and check the calls.
+
+`round_trip` runs every tool set with tool_choice "required" and named, and
+``parallel_tool_calls`` on and off, and returns the figures; `call_errors` says what
+is wrong with one parsed output, if anything.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import jsonschema
+
+from frontend.tool_formats import FunctionTool, ParsedOutput, ToolFormat, collect
+
+from .constrained_sampler import ConstrainedSampler, free_text_ends
+
+
+def call_errors(
+    parsed: ParsedOutput, tools: Sequence[FunctionTool], named: str | None, parallel: bool
+) -> list[str]:
+    """Why ``parsed`` is not a valid forced call: no call, too many, a name not
+    offered (or not the named one), arguments that are not JSON or not valid for the
+    tool's schema, or content beside the calls."""
+    errors = []
+    by_name = {t.name: t for t in tools}
+    calls = parsed.tool_calls
+    if not calls:
+        errors.append("no call")
+    if (named is not None or not parallel) and len(calls) > 1:
+        errors.append(f"{len(calls)} calls where one is allowed")
+    if parsed.content is not None:
+        errors.append(f"content beside the calls: {parsed.content!r}")
+    for c in calls:
+        tool = by_name.get(c.name)
+        if tool is None or (named is not None and c.name != named):
+            errors.append(f"call of {c.name!r}")
+            continue
+        try:
+            args = json.loads(c.arguments)
+        except ValueError as e:
+            errors.append(f"{c.name}: arguments are not JSON ({e}): {c.arguments!r}")
+            continue
+        validator = jsonschema.validators.validator_for(tool.schema)(tool.schema)
+        problems = [e.message for e in validator.iter_errors(args)]
+        if problems:
+            errors.append(f"{c.name}: {problems[0]} in {c.arguments!r}")
+    return errors
+
+
+def stream_parse(
+    fmt: ToolFormat,
+    text: str,
+    tools: Sequence[FunctionTool],
+    cuts: Iterable[int],
+    named: str | None = None,
+) -> ParsedOutput:
+    """``text`` pushed in pieces ending at ``cuts``, folded like a client would."""
+    parser = fmt.new_parser(tools, named=named)
+    deltas = []
+    pos = 0
+    for cut in sorted(set(cuts)):
+        if 0 < cut < len(text):
+            deltas.append(parser.push(text[pos:cut]))
+            pos = cut
+    deltas.append(parser.push(text[pos:]))
+    deltas.append(parser.finish())
+    check_delta_form(deltas)
+    return collect(deltas)
+
+
+def check_delta_form(deltas: Sequence) -> None:
+    """The OpenAI stream form: a call's first piece has its id and name, later pieces
+    have neither; calls appear in index order."""
+    seen: set[int] = set()
+    last = -1
+    for d in deltas:
+        for c in d.tool_calls:
+            if c.index not in seen:
+                assert c.index == last + 1, f"call {c.index} began after call {last}"
+                assert c.id and c.name, f"first piece of call {c.index} lacks id or name"
+                seen.add(c.index)
+                last = c.index
+            else:
+                assert c.id is None and c.name is None, f"call {c.index} renamed"
+
+
+def same_output(a: ParsedOutput, b: ParsedOutput, *, compare_ids: bool) -> bool:
+    def key(p: ParsedOutput) -> tuple:
+        return (
+            p.content,
+            [(c.name, c.arguments, c.id if compare_ids else None) for c in p.tool_calls],
+        )
+
+    return key(a) == key(b)
+
+
+def random_cuts(rng: random.Random, length: int) -> list[int]:
+    """Cut points: one-character pieces, a few pieces, or anything between."""
+    style = rng.random()
+    if style < 0.2:
+        return list(range(1, length))
+    count = rng.randint(0, max(1, length // rng.choice((2, 5, 20))))
+    return sorted(rng.randrange(1, length) for _ in range(count)) if length > 1 else []
+
+
+@dataclass
+class RoundTrip:
+    family: str
+    generations: int = 0
+    finished: int = 0
+    valid: int = 0
+    multi_call: int = 0
+    tokens: int = 0
+    compile_s: float = 0.0
+    generate_s: float = 0.0
+    parse_s: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def finished_pct(self) -> float:
+        return 100.0 * self.finished / max(self.generations, 1)
+
+    @property
+    def valid_pct(self) -> float:
+        return 100.0 * self.valid / max(self.finished, 1)
+
+    def row(self) -> str:
+        mean_tokens = self.tokens / max(self.generations, 1)
+        return (
+            f"{self.family:<16} {self.generations:>5} {self.finished_pct:>8.1f}% "
+            f"{self.valid_pct:>8.1f}% {self.multi_call:>6} {mean_tokens:>8.1f}"
+            f" {self.compile_s:>8.1f}s {self.generate_s:>8.1f}s {self.parse_s:>6.2f}s"
+        )
+
+    HEADER = (
+        f"{'family':<16} {'gens':>5} {'finished':>9} {'valid':>9} {'multi':>6} {'tokens':>8}"
+        f" {'compile':>9} {'generate':>9} {'parse':>7}"
+    )
+
+
+def round_trip(
+    family: str,
+    fmt: ToolFormat,
+    sampler: ConstrainedSampler,
+    tool_sets: Iterable[list[FunctionTool]],
+    *,
+    seed: int,
+    max_tokens: int = 512,
+) -> RoundTrip:
+    """Every tool set x (required, named) x (parallel, not): constrain, generate,
+    parse whole and streamed, check. Failures carry the seed and case to reproduce."""
+    stats = RoundTrip(family)
+    tokenizer = sampler.tokenizer
+    compare_ids = family == "kimi_k2"
+    for k, tools in enumerate(tool_sets):
+        rng = random.Random(seed * 1_000_003 + k)
+        for named in (None, rng.choice(tools).name):
+            for parallel in (True, False):
+                case = f"seed={seed} set={k} named={named} parallel={parallel}"
+                spec = fmt.constraint(tools, named=named, parallel=parallel)
+                t0 = time.perf_counter()
+                compiled = sampler.compile(spec)
+                t1 = time.perf_counter()
+                try:
+                    gen = sampler.generate(
+                        compiled, rng, max_tokens=max_tokens, free_text_ends=free_text_ends(spec)
+                    )
+                except AssertionError as e:
+                    raise AssertionError(f"{case}: {e}") from e
+                t2 = time.perf_counter()
+                stats.compile_s += t1 - t0
+                stats.generate_s += t2 - t1
+                stats.generations += 1
+                stats.tokens += len(gen.token_ids)
+                if not gen.finished:
+                    continue
+                stats.finished += 1
+                ids = gen.token_ids
+                if gen.stop_id is not None and rng.random() < 0.5:
+                    ids = [*ids, gen.stop_id]  # the content may end with the stop text
+                text = tokenizer.decode(ids)
+                t3 = time.perf_counter()
+                whole = fmt.parse(text, tools, named=named)
+                streamed = stream_parse(fmt, text, tools, random_cuts(rng, len(text)), named)
+                stats.parse_s += time.perf_counter() - t3
+                errors = call_errors(whole, tools, named, parallel)
+                if not same_output(whole, streamed, compare_ids=compare_ids):
+                    errors.append(f"stream {streamed!r} != whole {whole!r}")
+                if errors:
+                    stats.failures.append(f"{case}: {errors[0]}\n  output: {text!r}")
+                else:
+                    stats.valid += 1
+                    stats.multi_call += len(whole.tool_calls) > 1
+    return stats
