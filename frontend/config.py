@@ -7,6 +7,9 @@ The flags follow vLLM's serving layer:
   (`ConfigError`). The second without the first loads the format (so that forced calls,
   "required" or a named function, are constrained and parsed in the family's syntax),
   but a request with ``tool_choice: "auto"`` is refused, as vLLM refuses it.
+- Forced calls need no flag: without ``--tool-call-parser`` (or with
+  ``--tool-call-constraint json_schema``) they are forced as plain JSON, the
+  JSON-schema way, and read back as such.
 - ``--tool-parser-plugin`` / ``--reasoning-parser-plugin`` import a module (a ``.py``
   file or a dotted name) that registers more formats or parsers.
 - ``--reasoning-parser NAME`` must name the engine's parser (or be left out: the front

@@ -86,7 +86,7 @@ class RequestBuilder:
         *,
         reasoning_parser: str | None,
         tool_format: ToolFormat | None,
-        forced_format: ToolFormat | None,
+        forced_format: ToolFormat,
         default_max_tokens: int,
     ) -> None:
         self.tokenizer = tokenizer
@@ -95,7 +95,7 @@ class RequestBuilder:
         #: the family's format (``--tool-call-parser``): reads calls, wraps answers
         self.tool_format = tool_format
         #: the format that forces "required" and named calls: the family's, or the
-        #: JSON-schema way; None: calls cannot be forced
+        #: JSON-schema way
         self.forced_format = forced_format
         self.default_max_tokens = default_max_tokens
         self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
@@ -192,16 +192,14 @@ class RequestBuilder:
         spec = _response_spec(req)
         if spec is None:
             return None
-        wrap = getattr(self.tool_format, "response_constraint", None)
-        if wrap is not None:
-            try:
-                spec = wrap(spec)
-            except (ToolFormatError, GrammarError) as e:
-                raise RequestError(str(e), "response_format") from None
-        return spec
+        if self.tool_format is None:
+            return spec
+        try:
+            return self.tool_format.response_constraint(spec)
+        except (ToolFormatError, GrammarError) as e:
+            raise RequestError(str(e), "response_format") from None
 
     def _forced_call(self, plan: ToolPlan) -> GrammarSpec:
-        assert self.forced_format is not None  # check_request refuses a forced call otherwise
         try:
             return self.forced_format.constraint(
                 plan.tools, named=plan.named, parallel=plan.parallel

@@ -18,12 +18,11 @@ and stops with `ConfigError` where they cannot work. Then, per request:
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine_core.client import EngineClient, EngineDeadError, RequestOutput
 from reasoning import (
@@ -45,6 +44,7 @@ from .protocol import (
 from .request_builder import PreparedRequest, RequestBuilder
 from .response import ChunkMaker, CompletionAccumulator, OutputProcessor, completion
 from .tool_formats import (
+    JsonSchemaToolFormat,
     ToolCallParser,
     ToolFormat,
     ToolFormatError,
@@ -53,30 +53,16 @@ from .tool_formats import (
 )
 from .validation import RequestError, ToolSupport, check_request, decode_request
 
-if TYPE_CHECKING:
-    from tokenization import Tokenizer
-
 log = logging.getLogger("thinkgate.frontend")
 
 Body = bytes | str | Mapping[str, Any] | ChatCompletionRequest
-
-
-def json_schema_format(tokenizer: Tokenizer) -> ToolFormat | None:
-    """The JSON-schema way of forcing calls (plain JSON, any family), or None when this
-    build has none."""
-    if importlib.util.find_spec("frontend.tool_formats.json_schema") is None:
-        return None
-    from .tool_formats.json_schema import JsonSchemaToolFormat
-
-    return JsonSchemaToolFormat(tokenizer)
 
 
 def frames_answers(fmt: ToolFormat) -> bool:
     """Whether the family wraps its answers in its own syntax (Harmony's channels): it
     overrides ``response_constraint``, and its parser must read every answer, calls
     or not, to take the content out of the framing."""
-    own = getattr(type(fmt), "response_constraint", None)
-    return own is not None and own is not getattr(ToolFormat, "response_constraint", None)
+    return type(fmt).response_constraint is not ToolFormat.response_constraint
 
 
 class ChatFrontend:
@@ -96,7 +82,7 @@ class ChatFrontend:
         self.tokenizer = builder.tokenizer
         self.support = ToolSupport(
             auto=config.enable_auto_tool_choice and tool_format is not None,
-            forced=builder.forced_format is not None,
+            forced=True,  # the JSON-schema way needs no family format
         )
 
     @classmethod
@@ -148,14 +134,9 @@ class ChatFrontend:
                 raise ConfigError(str(e)) from None
 
         # vLLM's rule: without a family format, calls are forced as plain JSON
-        forced_format = tool_format
-        if config.tool_call_constraint == "json_schema" or tool_format is None:
-            forced_format = json_schema_format(tokenizer)
-            if forced_format is None and config.tool_call_constraint == "json_schema":
-                raise ConfigError(
-                    "--tool-call-constraint json_schema: this build has no JSON-schema way of "
-                    "forcing calls (frontend/tool_formats/json_schema.py)"
-                )
+        forced_format: ToolFormat = tool_format or JsonSchemaToolFormat(tokenizer)
+        if config.tool_call_constraint == "json_schema":
+            forced_format = JsonSchemaToolFormat(tokenizer)
 
         try:
             source = resolve_chat_template(
@@ -222,14 +203,13 @@ class ChatFrontend:
         frames its answers (its calls are then dropped, see `processor`)."""
         plan = prepared.plan
         if plan.forced:
-            assert self.builder.forced_format is not None
             return self.builder.forced_format.new_parser(plan.tools, named=plan.named)
         fmt = self.tool_format
         if plan.reads_calls:
             assert fmt is not None  # check_request refuses "auto" otherwise
             return fmt.new_parser(plan.tools)
         if fmt is not None and frames_answers(fmt):
-            return fmt.new_parser(())
+            return fmt.new_parser([])
         return None
 
     async def complete(self, prepared: PreparedRequest) -> ChatCompletion | ErrorResponse:
