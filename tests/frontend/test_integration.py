@@ -1,4 +1,4 @@
-"""Front end + a spawned engine + the scripted model, qwen3 reasoning and a tool format.
+"""Front end + a spawned engine + the scripted model, qwen3 reasoning and hermes calls.
 
 Every case runs twice, whole and streamed, and the stream's deltas must fold into
 exactly the whole response (reasoning, content, call names and arguments, finish
@@ -25,12 +25,12 @@ from tokenization import load_tokenizer
 
 TOK = load_tokenizer("qwen3")
 PLUGIN = str(Path(__file__).with_name("toy_format.py"))
-FORMAT = "toy_calls"
+FORMAT = "hermes"
 
 
 def call(name: str, arguments: dict) -> str:
-    """One call as the model writes it in ``FORMAT``."""
-    return "<call>" + json.dumps({"name": name, "arguments": arguments}) + "</call>"
+    """One call as the model writes it in hermes' syntax."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 WEATHER_SCHEMA = {
@@ -75,12 +75,24 @@ RULES = [
         "match": "Both Oslo and Lima",
         "output": THINK.format("two cities")
         + call("get_weather", {"city": "Oslo"})
+        + "\n"
         + call("get_weather", {"city": "Lima"}),
     },
     {
         "match": "Broken call",
         "output": THINK.format("a broken call")
-        + '<call>{"name": "get_weather", "arguments": {"town": "Paris", "days": }}</call>',
+        + '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris", "days": }}\n'
+        + "</tool_call>",
+    },
+    {
+        "match": "Call while thinking",
+        # no </think>: <tool_call> ends the thinking and is the answer's first token
+        "output": "<think>\nI will call it right away " + call("get_weather", {"city": "Nice"}),
+    },
+    {
+        "match": "Plugin format",
+        "output": THINK.format("a plugin")
+        + '<call>{"name": "get_time", "arguments": {"tz": "UTC"}}</call>',
     },
     {
         "match": "JSON answer",
@@ -105,9 +117,7 @@ def engine(engine_factory):
 
 @pytest.fixture(scope="module")
 def fe(engine):
-    return engine.frontend(
-        tool_call_parser=FORMAT, enable_auto_tool_choice=True, tool_parser_plugin=PLUGIN
-    )
+    return engine.frontend(tool_call_parser=FORMAT, enable_auto_tool_choice=True)
 
 
 def body(text: str, **extra) -> dict:
@@ -254,6 +264,38 @@ def test_parallel_calls(engine, fe):
     assert one[3] == "tool_calls"
 
 
+def test_a_call_written_while_thinking_ends_the_thinking(engine, fe):
+    reasoning, content, calls, finish, usage = both(
+        engine, fe, body("Call while thinking", tools=TOOLS, tool_choice="required")
+    )
+    assert reasoning == "\nI will call it right away "
+    assert content is None and finish == "tool_calls"
+    assert calls == [("get_weather", json.dumps({"city": "Nice"}))]
+    assert usage.completion_tokens_details.reasoning_tokens == len(TOK.encode(reasoning))
+
+
+def test_json_schema_way_of_forcing_calls(engine):
+    """--tool-call-constraint json_schema: the call is plain JSON, whatever the script."""
+    fe = engine.frontend(tool_call_parser=FORMAT, tool_call_constraint="json_schema")
+    b = body("What is the weather in Paris?", tools=TOOLS, tool_choice="required")
+    reasoning, content, calls, finish, _ = both(engine, fe, b)
+    assert reasoning and len(calls) >= 1 and finish == "tool_calls"
+    assert_valid_calls(calls)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    calls = both(engine, fe, {**b, "tool_choice": named})[2]
+    assert [n for n, _ in calls] == ["get_time"]
+    assert_valid_calls(calls)
+
+
+def test_a_plugin_format(engine):
+    fe = engine.frontend(
+        tool_call_parser="toy_calls", enable_auto_tool_choice=True, tool_parser_plugin=PLUGIN
+    )
+    for choice in ("auto", "required"):
+        calls = both(engine, fe, body("Plugin format", tools=TOOLS, tool_choice=choice))[2]
+        assert calls == [("get_time", json.dumps({"tz": "UTC"}))]
+
+
 def test_a_malformed_call_is_repaired(engine, fe):
     reasoning, _, calls, finish, _ = both(
         engine, fe, body("Broken call, please.", tools=TOOLS, tool_choice="required")
@@ -277,7 +319,7 @@ def test_max_tokens_cut_gives_length(engine, fe):
 
 def test_auto_reads_the_calls_the_model_chose(engine, fe):
     reasoning, content, calls, finish, _ = both(engine, fe, body("Chat freely", tools=TOOLS))
-    assert reasoning and content == "Let me check. "
+    assert reasoning and content == "Let me check."  # hermes drops the space before a call
     assert calls == [("get_time", json.dumps({"tz": "UTC"}))] and finish == "tool_calls"
 
 
@@ -442,7 +484,7 @@ def test_thinking_budget_reaches_the_engine(engine, fe):
 
 
 def test_auto_needs_enable_auto_tool_choice(engine):
-    fe = engine.frontend(tool_call_parser=FORMAT, tool_parser_plugin=PLUGIN)
+    fe = engine.frontend(tool_call_parser=FORMAT)
     resp = engine.run(lambda: fe.create_chat_completion(body("Chat freely", tools=TOOLS)))
     assert isinstance(resp, ErrorResponse)
     assert "--enable-auto-tool-choice" in resp.error.message
@@ -470,9 +512,13 @@ def test_flag_errors(engine):
         engine.frontend(chat_template="missing.jinja")
 
 
-def test_no_format_means_no_forced_calls(engine):
+def test_without_a_format_calls_are_forced_as_json(engine):
+    """vLLM's rule: no --tool-call-parser, forced calls come as plain JSON; "auto" is
+    refused."""
     fe = engine.frontend()
-    resp = engine.run(
-        lambda: fe.create_chat_completion(body("hi", tools=TOOLS, tool_choice="required"))
-    )
+    b = body("What is the weather in Paris?", tools=TOOLS, tool_choice="required")
+    reasoning, _, calls, finish, _ = both(engine, fe, b)
+    assert reasoning and len(calls) >= 1 and finish == "tool_calls"
+    assert_valid_calls(calls)
+    resp = engine.run(lambda: fe.create_chat_completion({**b, "tool_choice": "auto"}))
     assert isinstance(resp, ErrorResponse) and "--tool-call-parser" in resp.error.message

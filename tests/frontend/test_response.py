@@ -1,12 +1,11 @@
 """The output machine without an engine: real token ids of the Qwen3 vocabulary, the
-qwen3 reasoning parser, fed in every chunking. The stream's pieces must fold into the
-whole response exactly, whatever the chunking."""
+qwen3 reasoning parser and the hermes format, fed in every chunking. The stream's
+pieces must fold into the whole response exactly, whatever the chunking."""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +15,7 @@ from engine_core.client import RequestOutput
 from frontend.response import ChunkMaker, CompletionAccumulator, OutputProcessor, StopStringGate
 from frontend.tool_formats import FunctionTool, create_tool_format
 from ipc import FinishReason
-from reasoning import create_reasoning_parser, load_plugin
+from reasoning import create_reasoning_parser
 from tokenization import load_tokenizer
 
 TOK = load_tokenizer("qwen3")
@@ -24,17 +23,16 @@ EOS = TOK.eos_token_id
 PROMPT_ON = TOK.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 PROMPT_OFF = PROMPT_ON + TOK.encode("<think>\n\n</think>\n\n")
 TOOLS = [FunctionTool("get_weather", {"type": "object"}), FunctionTool("get_time", None)]
-load_plugin(str(Path(__file__).with_name("toy_format.py")))
 
 THOUGHT = "<think>\nThe user wants the weather: é, 東京.\n</think>\n\n"
-CALL_A = '<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
-CALL_B = '<call>{"name": "get_time", "arguments": {"tz": "CET"}}</call>'
+CALL_A = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+CALL_B = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'
 
 
 def processor(*, kwargs=None, tools=True, prompt=PROMPT_ON, **extra) -> OutputProcessor:
     parser = create_reasoning_parser("qwen3", TOK, kwargs or {})
     tracker = parser.tracker(prompt, parser.reasoning_ended(prompt))
-    fmt = create_tool_format("toy_calls", TOK)
+    fmt = create_tool_format("hermes", TOK)
     return OutputProcessor(
         token_bytes=TOK.token_bytes,
         prompt_tokens=len(prompt),
@@ -97,8 +95,8 @@ def test_the_final_stop_token_is_not_text():
 
 CASES = {
     "call": THOUGHT + CALL_A,
-    "text and two calls": THOUGHT + "Checking. " + CALL_A + CALL_B,
-    "no thinking": "Plain answer, no <call thinking.",
+    "text and two calls": THOUGHT + "Checking. " + CALL_A + "\n" + CALL_B,
+    "no thinking": "Plain answer, no <tool thinking.",
     "thinking off": CALL_A,
     "implicit end": "<think>\nhmm <tool_call>tail",
 }
@@ -148,7 +146,7 @@ def test_stream_chunks_fold_into_the_message():
     assert out[0].choices[0].delta.role == "assistant"
     deltas = [c.choices[0].delta for c in out]
     assert "".join(d.reasoning or "" for d in deltas) == msg.reasoning
-    assert "".join(d.content or "" for d in deltas) == msg.content == "Checking. "
+    assert "".join(d.content or "" for d in deltas) == msg.content == "Checking."
     calls: dict[int, dict] = {}
     for d in deltas:
         for c in d.tool_calls:
@@ -176,7 +174,7 @@ def test_include_reasoning_false_drops_the_reasoning_only():
 
 
 def test_parallel_calls_off_keeps_the_first():
-    ids = ids_of(THOUGHT + CALL_A + CALL_B)
+    ids = ids_of(THOUGHT + CALL_A + "\n" + CALL_B)
     both = run(ids, stop_reason=EOS)[0]
     one, reason, _, _ = run(ids, stop_reason=EOS, parallel_tool_calls=False)
     assert [c.function.name for c in both.tool_calls] == ["get_weather", "get_time"]
@@ -185,10 +183,11 @@ def test_parallel_calls_off_keeps_the_first():
 
 
 def test_length_keeps_what_parsed():
-    ids = TOK.encode(THOUGHT + CALL_A + CALL_B[:-10])
+    ids = TOK.encode(THOUGHT + CALL_A + "\n" + CALL_B[:-20])
     msg, reason, _, _ = run(ids, finish=FinishReason.LENGTH)
     assert reason == "length"
-    assert [c.function.name for c in msg.tool_calls] == ["get_weather"]
+    calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls]
+    assert calls == [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": ')]
     cut_in_thought = run(TOK.encode(THOUGHT)[:5], finish=FinishReason.LENGTH)
     assert cut_in_thought[1] == "length" and cut_in_thought[0].content is None
 
