@@ -153,7 +153,9 @@ class ConstrainedSampler:
         """``spec`` compiled for this vocabulary (cached per spec)."""
         cg = self._cache.get(spec)
         if cg is None:
-            cg = self._cache[spec] = compile_spec(self.compiler, spec, CompileOptions())
+            cg = self._cache[spec] = compile_spec(
+                self.compiler, spec, CompileOptions(), self.tokenizer.special_tokens
+            )
         return cg
 
     def _fill(self, matcher: xgr.GrammarMatcher) -> np.ndarray:
