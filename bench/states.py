@@ -116,7 +116,9 @@ REQUIRED_SCHEMA = {
 
 
 def hermes_tag(tools: list[dict]) -> dict:
-    """Hermes-style calls as xgrammar's structural tag."""
+    """Hermes-style calls as xgrammar's structural tag. The markers need no
+    ``excludes`` inside the arguments: special tokens are sealed in xgrammar's view of
+    the vocabulary (`structured_output.vocab`), so no JSON string can hold one."""
     return {
         "type": "structural_tag",
         "format": {
@@ -138,7 +140,6 @@ def hermes_tag(tools: list[dict]) -> dict:
                                 "type": "json_schema",
                                 "json_schema": t["parameters"],
                                 "max_whitespace_cnt": 4,
-                                "excludes": list(MARKERS),
                             },
                             {"type": "const_string", "value": "}\n"},
                         ],
@@ -362,10 +363,13 @@ def compiled(vocab_name: str) -> dict[str, Any]:
     from structured_output.vocab import build_tokenizer_info
 
     v = vocab(vocab_name)
-    info = build_tokenizer_info(v.token_bytes, v.vocab_rows, v.tokenizer.stop_token_ids)
+    specials = {**v.tokenizer.special_tokens, **v.markers}  # sealed, as the engine does
+    info = build_tokenizer_info(
+        v.token_bytes, v.vocab_rows, v.tokenizer.stop_token_ids, set(specials.values())
+    )
     compiler = xgr.GrammarCompiler(info, max_threads=2)
     options = CompileOptions()
-    out = {name: compile_spec(compiler, spec, options) for name, spec in SPECS.items()}
+    out = {name: compile_spec(compiler, spec, options, specials) for name, spec in SPECS.items()}
     out["builtin_json"] = compiler.compile_builtin_json_grammar()
     return out
 
