@@ -20,6 +20,10 @@ class RandomLogitsRunner(ModelRunner):
     chosen by a hash of the request's ``model_seed`` and the position: reproducible per
     request whatever else is in the batch, and cheap (one gather per step).
 
+    The model grows impatient: once it has written more than `PATIENCE` tokens since
+    its last closing token, the closing bias grows with every further token, so a
+    string whose format lets it run on (a domain name, an identifier) still closes.
+
     With ``ending_texts``, the model also leans towards writing those texts: the first
     token of each gets a small boost, and once an output ends with the beginning of
     one, its next token a large one. Free text that ends only at a literal spelled in
@@ -29,8 +33,12 @@ class RandomLogitsRunner(ModelRunner):
         super().__init__(tokenizer, options)
         rng = np.random.default_rng(options.seed)
         pool = rng.standard_normal((POOL_ROWS, self.vocab_rows), dtype=np.float32)
-        pool += closing_bias(tokenizer, options.closing_bias)
+        bias = closing_bias(tokenizer, options.closing_bias)
+        pool += bias
         self._pool = torch.from_numpy(pool).to(self.device)
+        self._is_closer = bias > 0
+        self._closers = torch.from_numpy(np.flatnonzero(self._is_closer)).to(self.device)
+        self._since: dict[str, list[int]] = {}  # request -> [tokens seen, since a closer]
         self._out = torch.empty((options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device)
         self._index = torch.empty(options.max_num_seqs, dtype=torch.int64)
         # for each ending text, the first token of each of its remainders
@@ -49,12 +57,32 @@ class RandomLogitsRunner(ModelRunner):
             idx[i] = _mix(r.model_seed, len(r.output_ids)) % POOL_ROWS
         out = self._out[:n]
         torch.index_select(self._pool, 0, self._index[:n].to(self.device), out=out)
+        self._grow_impatient(rows, out)
         if self._endings:
             self._lean_to_endings(rows, out)
         if self.options.forward_ms > 0:
             time.sleep(self.options.forward_ms / 1000)
         return out
 
+
+    def remove(self, row: RunnerRow) -> None:
+        self._since.pop(row.request_id, None)
+
+    def _grow_impatient(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
+        if self.options.closing_bias <= 0 or not len(self._closers):
+            return
+        is_closer = self._is_closer
+        for i, r in enumerate(rows):
+            st = self._since.get(r.request_id)
+            if st is None:
+                st = self._since[r.request_id] = [0, 0]
+            ids = r.output_ids
+            for t in ids[st[0] :]:
+                st[1] = 0 if is_closer[t] else st[1] + 1
+            st[0] = len(ids)
+            if st[1] > PATIENCE:
+                extra = self.options.closing_bias * (st[1] - PATIENCE) / PATIENCE
+                out[i].index_add_(0, self._closers, torch.full_like(self._closers, extra, dtype=out.dtype))
 
     def _lean_to_endings(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
         ri: list[int] = []
@@ -79,6 +107,9 @@ class RandomLogitsRunner(ModelRunner):
             accumulate=True,
         )
 
+
+#: tokens without a closing token before the closing bias starts to grow
+PATIENCE = 16
 
 #: logit boosts towards `RunnerOptions.ending_texts`
 ENDING_START_BIAS = 4.0
