@@ -184,7 +184,12 @@ class SocketPump:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._on_frames(frames)
+            try:
+                self._on_frames(frames)
+            except Exception:
+                # A peer's message must never end the IO thread (the process would go
+                # deaf while still alive): a handler that fails costs that message only.
+                log.exception("dropped a message whose handler failed")
 
     def _flush(self, sock: zmq.Socket) -> None:
         out = self._out
