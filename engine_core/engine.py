@@ -88,15 +88,15 @@ class EngineCore:
         """Queue a request; a request that cannot run is answered at once with an error."""
         try:
             spec = self._check(client, req)
+            r = EngineRequest(
+                client,
+                req,
+                model_stop_ids=self.model_stop_ids,
+                model_seed=int(self.rng.integers(1 << 62)),
+                spec=spec,
+            )
         except (GrammarError, ReasoningError, ValueError) as e:
             return [(client, _final(req.request_id, FinishReason.ERROR, error=str(e)))]
-        r = EngineRequest(
-            client,
-            req,
-            model_stop_ids=self.model_stop_ids,
-            model_seed=int(self.rng.integers(1 << 62)),
-            spec=spec,
-        )
         if spec is not None:
             r.grammar = self.so.submit(spec)
         self.requests[r.key] = r
@@ -118,8 +118,10 @@ class EngineCore:
                 f"prompt ({len(req.prompt_token_ids)} tokens) plus max_tokens ({sp.max_tokens}) "
                 f"exceeds the engine's max_model_len of {self.config.max_model_len}"
             )
-        if not sp.temperature >= 0 or not 0 < sp.top_p <= 1 or sp.top_k < 0:
-            raise ValueError("need temperature >= 0, 0 < top_p <= 1 and top_k >= 0")
+        if not sp.temperature >= 0 or not 0 < sp.top_p <= 1 or not 0 <= sp.top_k < 1 << 63:
+            raise ValueError("need temperature >= 0, 0 < top_p <= 1 and 0 <= top_k < 2**63")
+        if sp.seed is not None and not 0 <= sp.seed < 1 << 64:
+            raise ValueError("seed must lie in [0, 2**64)")
         if not 0 <= sp.min_tokens <= sp.max_tokens:
             raise ValueError("min_tokens must lie between 0 and max_tokens")
         if any(not 0 <= t < self.vocab_rows for t in sp.stop_token_ids):
