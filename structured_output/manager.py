@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reasoning import ReasoningParser, create_reasoning_parser
+from reasoning import ReasoningError, ReasoningParser, create_reasoning_parser
 
 from .bitmask import BitmaskFiller, FilledMask
 from .compile_service import CompileService
@@ -80,7 +80,13 @@ class StructuredOutputManager:
         (cached; raises the parser's error for kwargs it cannot use)."""
         if self.reasoning_parser_name is None:
             return None
-        key = json.dumps(kwargs or {}, sort_keys=True, default=str)
+        try:
+            key = json.dumps(kwargs or {}, sort_keys=True, default=str)
+        except (TypeError, ValueError, RecursionError) as e:
+            # from the wire: a nested mapping with keys of mixed types, or nesting too deep
+            raise ReasoningError(
+                f"reasoning_parser_kwargs must be JSON-like, with string keys: {e}"
+            ) from None
         parser = self._parsers.get(key)
         if parser is None:
             parser = create_reasoning_parser(self.reasoning_parser_name, self.tokenizer, kwargs)
