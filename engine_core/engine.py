@@ -154,8 +154,8 @@ class EngineCore:
 
     def _forget(self, r: EngineRequest) -> None:
         self.requests.pop(r.key, None)
-        if r.grammar is not None and not r.grammar.done():
-            r.grammar.cancel()
+        if r.grammar is not None and r.spec is not None and not r.grammar.done():
+            self.so.release(r.spec, r.grammar)  # never cancel: other requests may share it
 
     @property
     def has_work(self) -> bool:

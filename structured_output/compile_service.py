@@ -78,11 +78,13 @@ class GrammarCache:
 
 
 class _Job:
-    __slots__ = ("spec", "future")
+    __slots__ = ("spec", "future", "wanted")
 
     def __init__(self, spec: GrammarSpec) -> None:
         self.spec = spec
         self.future: Future[xgr.CompiledGrammar] = Future()
+        #: how many submissions still want this compile (requests share one job)
+        self.wanted = 1
 
 
 class _Worker:
@@ -192,7 +194,22 @@ class CompileService:
             if job is None:
                 job = self._inflight[spec] = _Job(spec)
                 self._jobs.put(job)
+            else:
+                job.wanted += 1
         return job.future
+
+    def release(self, spec: GrammarSpec, future: Future[xgr.CompiledGrammar]) -> None:
+        """A submission of ``spec`` no longer wants its grammar (its request ended).
+        A compile nobody wants any more is skipped if it has not started; one that has
+        started runs on (bounded by the time limit) and is cached. The future is never
+        cancelled under another request that shares it."""
+        with self._lock:
+            job = self._inflight.get(spec)
+            if job is None or job.future is not future:
+                return
+            job.wanted -= 1
+            if job.wanted <= 0 and job.future.cancel():
+                del self._inflight[spec]
 
     def close(self) -> None:
         with self._lock:
@@ -204,7 +221,8 @@ class CompileService:
 
     def _finish(self, job: _Job, grammar: xgr.CompiledGrammar | None, error: str | None) -> None:
         with self._lock:
-            self._inflight.pop(job.spec, None)
+            if self._inflight.get(job.spec) is job:
+                del self._inflight[job.spec]
         if grammar is not None:
             self.cache.put(job.spec, grammar)
             self.num_compiled += 1
@@ -226,6 +244,8 @@ class CompileService:
                 job = self._jobs.get()
                 if job is None:
                     return
+                if not job.future.set_running_or_notify_cancel():
+                    continue  # released by every request that wanted it
                 if worker is None:
                     self._finish(job, None, "no grammar compile worker is available")
                     continue

@@ -100,6 +100,10 @@ class StructuredOutputManager:
     def submit(self, spec: GrammarSpec) -> Future[xgr.CompiledGrammar]:
         return self.compiler.submit(spec)
 
+    def release(self, spec: GrammarSpec, future: Future[xgr.CompiledGrammar]) -> None:
+        """The request that submitted ``spec`` ended before using its grammar."""
+        self.compiler.release(spec, future)
+
     def make_guide(
         self,
         grammar: xgr.CompiledGrammar | None,
