@@ -109,8 +109,6 @@ class EngineCore:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         if not req.prompt_token_ids:
             raise ValueError("the prompt is empty")
-        if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= self.vocab_rows:
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_rows})")
         if sp.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
         if len(req.prompt_token_ids) + sp.max_tokens > self.config.max_model_len:
@@ -118,6 +116,8 @@ class EngineCore:
                 f"prompt ({len(req.prompt_token_ids)} tokens) plus max_tokens ({sp.max_tokens}) "
                 f"exceeds the engine's max_model_len of {self.config.max_model_len}"
             )
+        if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= self.vocab_rows:
+            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_rows})")
         if not sp.temperature >= 0 or not 0 < sp.top_p <= 1 or not 0 <= sp.top_k < 1 << 63:
             raise ValueError("need temperature >= 0, 0 < top_p <= 1 and 0 <= top_k < 2**63")
         if sp.seed is not None and not 0 <= sp.seed < 1 << 64:
