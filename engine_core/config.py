@@ -18,6 +18,8 @@ class EngineConfig:
     reasoning_parser: str | None = None
     reasoning_parser_plugin: str | None = None
     max_num_seqs: int = 256
+    #: requests held beyond the running batch; one more is refused with an error
+    max_waiting: int = 4096
     max_model_len: int = 32768
     seed: int = 0
     #: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available)
@@ -84,6 +86,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     a("--reasoning-parser", default=None, help="the reasoning parser that gates grammars")
     a("--reasoning-parser-plugin", default=None, help="module or .py file registering parsers")
     a("--max-num-seqs", type=int, default=d.max_num_seqs)
+    a("--max-waiting", type=int, default=d.max_waiting,
+      help="requests held beyond the running batch; more are refused with an error")
     a("--max-model-len", type=int, default=d.max_model_len)
     a("--seed", type=int, default=d.seed)
     a("--device", default=d.device, help="cpu | cuda | cuda:N | auto")

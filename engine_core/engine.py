@@ -107,6 +107,12 @@ class EngineCore:
         sp = req.sampling_params
         if (client, req.request_id) in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
+        held, limit = len(self.requests), self.config.max_num_seqs + self.config.max_waiting
+        if held >= limit:
+            raise ValueError(
+                f"the engine is full: it holds {held} requests ({self.config.max_num_seqs} "
+                f"running, {self.config.max_waiting} waiting at most); retry later"
+            )
         if not req.prompt_token_ids:
             raise ValueError("the prompt is empty")
         if sp.max_tokens < 1:
