@@ -290,11 +290,17 @@ class EngineClient:
         rid = request.request_id
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in flight")
+        frames = self._codec.encode(request)
+        if len(frames[1]) > DEFAULT_MAX_FRAME_BYTES:
+            # the engine's socket would drop the connection, and with it every other
+            # stream's outputs in flight; refuse here instead
+            raise ValueError(f"request {rid!r} encodes to {len(frames[1])} bytes, over the "
+                             f"engine's frame limit of {DEFAULT_MAX_FRAME_BYTES}")
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[rid] = q
         stops = _StopStrings(stop, self.tokenizer()) if stop else None
         finished = False
-        self._send(request)
+        self._pump.send(frames)
         try:
             while True:
                 item = await q.get()
