@@ -214,7 +214,7 @@ class EngineClient:
             return
         if now - self._last_beat >= HEARTBEAT_S and self.handshake is not None:
             self._last_beat = now
-            self._send(Heartbeat(time.time()))
+            self._pump.send(self._codec_io.encode(Heartbeat(time.time())))  # this thread's codec
         reason = None
         if self.proc is not None and self.proc.poll() is not None:
             reason = f"the engine process exited with code {self.proc.returncode}"
