@@ -87,7 +87,8 @@ class EngineServer:
             extra_special_tokens=list(config.extra_special_tokens),
             device=self.core.device,
         )
-        self.pump = SocketPump(self._make_socket, self._on_frames, on_tick=self._on_tick, tick_s=0.1,
+        self.pump = SocketPump(self._make_socket, self._on_frames, on_tick=self._on_tick,
+                               on_disconnect=self._on_disconnect, tick_s=0.1,
                                name="thinkgate-engine-io")
 
     # ----- IO thread --------------------------------------------------------------
@@ -140,6 +141,10 @@ class EngineServer:
             self.inbox.put((client, msg))
             return
         self._reply(client, ErrorNotice(f"unexpected {type(msg).__name__} message"))
+
+    def _on_disconnect(self, endpoint: str) -> None:
+        log.info("a client connection closed on %s (the client left, or sent a frame over "
+                 "the %d MiB limit)", endpoint, DEFAULT_MAX_FRAME_BYTES >> 20)
 
     def _on_tick(self) -> None:
         now = time.monotonic()

@@ -79,7 +79,9 @@ class SocketPump:
     ``make_socket(ctx)`` is called inside the IO thread (a bind error is re-raised
     from `start`). Each received multipart message goes to ``on_frames`` (called in
     the IO thread; it must not block). `send` may be called from any thread.
-    ``on_tick`` runs in the IO thread every ``tick_s`` seconds.
+    ``on_tick`` runs in the IO thread every ``tick_s`` seconds; ``on_disconnect`` there
+    too, with the endpoint, whenever a peer's connection closes (ZeroMQ also closes
+    the connection of a peer that sent a frame over ``MAXMSGSIZE``).
     """
 
     def __init__(
@@ -88,12 +90,14 @@ class SocketPump:
         on_frames: Callable[[list[bytes]], None],
         *,
         on_tick: Callable[[], None] | None = None,
+        on_disconnect: Callable[[str], None] | None = None,
         tick_s: float = 0.1,
         name: str = "thinkgate-io",
     ) -> None:
         self._make_socket = make_socket
         self._on_frames = on_frames
         self._on_tick = on_tick
+        self._on_disconnect = on_disconnect
         self._tick_s = tick_s
         self._out: deque[list[bytes]] = deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -154,6 +158,10 @@ class SocketPump:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        monitor = None
+        if self._on_disconnect is not None:
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            poller.register(monitor, zmq.POLLIN)
         next_tick = time.monotonic() + self._tick_s
         try:
             while not self._stopping.is_set():
@@ -161,6 +169,8 @@ class SocketPump:
                 events = dict(poller.poll(timeout_ms))
                 if events.get(sock):
                     self._receive(sock)
+                if monitor is not None and events.get(monitor):
+                    self._disconnects(monitor)
                 if events.get(self._wake_r):
                     try:
                         os.read(self._wake_r, 65536)
@@ -176,7 +186,23 @@ class SocketPump:
         except Exception:
             log.exception("IO thread failed")
         finally:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
             sock.close(linger=1000)
+
+    def _disconnects(self, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        assert self._on_disconnect is not None
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            endpoint = event.get("endpoint", b"")
+            self._on_disconnect(endpoint.decode(errors="replace") if isinstance(endpoint, bytes)
+                                else str(endpoint))
 
     def _receive(self, sock: zmq.Socket) -> None:
         for _ in range(1024):  # bounded, so that sending is never starved
