@@ -198,8 +198,13 @@ class EngineServer:
         elif isinstance(msg, AbortRequests):
             self._send(core.abort(client, msg.request_ids))
         elif isinstance(msg, HealthRequest):
+            so = core.so
             self._reply_main(client, HealthReply(
-                msg.nonce, len(core.running), len(core.waiting), core.num_steps))
+                msg.nonce, len(core.running), len(core.waiting), core.num_steps,
+                num_requests=len(core.requests), num_guides=so.num_guides,
+                num_compiling=so.num_compiling, num_cached_grammars=so.num_cached_grammars,
+                num_clients=len(self._clients),  # the IO thread's dict; len() is atomic
+            ))
         elif msg is CLIENT_GONE:
             n = core.drop_client(client)
             if n:

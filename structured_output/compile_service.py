@@ -211,6 +211,11 @@ class CompileService:
             if job.wanted <= 0 and job.future.cancel():
                 del self._inflight[spec]
 
+    @property
+    def num_pending(self) -> int:
+        """Compiles queued or running."""
+        return len(self._inflight)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -4,6 +4,7 @@ kwargs, request guides, and the bitmask filler."""
 from __future__ import annotations
 
 import json
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -54,6 +55,7 @@ class StructuredOutputManager:
         )
         self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
         self._separators: dict[bytes, SeparatorTable] = {}
+        self._guides: weakref.WeakSet[RequestGuide] = weakref.WeakSet()
         if reasoning_parser is not None:
             self.parser_for(None)  # a parser that cannot serve this vocabulary stops start-up
         self.tokenizer_info = tokenizer_info_for(tokenizer)
@@ -133,7 +135,7 @@ class StructuredOutputManager:
             separator = self._separators.get(sep)
             if separator is None:
                 separator = self._separators[sep] = SeparatorTable(sep, self.tokenizer.all_token_bytes)
-        return RequestGuide(
+        guide = RequestGuide(
             tracker,
             matcher,
             separator=separator,
@@ -142,6 +144,21 @@ class StructuredOutputManager:
             budget=reasoning_budget,
             token_bytes=self.tokenizer.all_token_bytes,
         )
+        self._guides.add(guide)
+        return guide
+
+    @property
+    def num_guides(self) -> int:
+        """Guides still alive (anything still holding one keeps it counted)."""
+        return len(self._guides)
+
+    @property
+    def num_compiling(self) -> int:
+        return self.compiler.num_pending
+
+    @property
+    def num_cached_grammars(self) -> int:
+        return len(self.compiler.cache)
 
     def fill(self, rows: Sequence[int], guides: Sequence[RequestGuide]) -> FilledMask:
         return self.filler.fill(rows, guides)
