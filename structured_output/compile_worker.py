@@ -8,8 +8,11 @@ costs one request, not the engine. The pipe carries length-prefixed msgspec fram
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
+import threading
+import time
 from typing import BinaryIO
 
 import msgspec
@@ -56,7 +59,22 @@ def read_frame(stream: BinaryIO) -> bytes | None:
     return data if len(data) == size else None
 
 
+def _exit_with_parent(poll_s: float = 0.5) -> None:
+    """End this process once its parent (the engine) is gone. A worker in the middle
+    of a long compile reads nothing from its pipe, so it would not notice otherwise,
+    and would compile on, orphaned, for as long as the grammar takes."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main() -> int:
+    _exit_with_parent()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the pipe
     enc = msgspec.msgpack.Encoder()
