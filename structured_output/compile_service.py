@@ -235,6 +235,15 @@ class CompileService:
         else:
             job.future.set_exception(GrammarError(error or "grammar compilation failed"))
 
+    def _start_worker(self) -> _Worker | None:
+        try:
+            worker = _Worker(self._init, self._start_timeout_s)
+        except (OSError, RuntimeError) as e:
+            log.error("cannot start a grammar compile worker: %s", e)
+            return None
+        log.info("grammar compile worker %d is ready", worker.proc.pid)
+        return worker
+
     def _dispatch(self) -> None:
         import xgrammar as xgr
 
@@ -242,15 +251,20 @@ class CompileService:
         try:
             while True:
                 if worker is None and not self._closed:
-                    try:
-                        worker = _Worker(self._init, self._start_timeout_s)
-                    except (OSError, RuntimeError) as e:
-                        log.error("cannot start a grammar compile worker: %s", e)
+                    worker = self._start_worker()
                 job = self._jobs.get()
                 if job is None:
                     return
                 if not job.future.set_running_or_notify_cancel():
                     continue  # released by every request that wanted it
+                if worker is not None and worker.proc.poll() is not None:
+                    # it died idle (killed, say): that is no fault of this job's
+                    log.warning("grammar compile worker %d exited (code %s) while idle; "
+                                "starting another", worker.proc.pid, worker.proc.returncode)
+                    worker.kill()
+                    worker = None
+                if worker is None:  # the last start failed, or the worker died idle: try now
+                    worker = self._start_worker()
                 if worker is None:
                     self._finish(job, None, "no grammar compile worker is available")
                     continue
