@@ -31,6 +31,8 @@ class EngineConfig:
     parent_pid: int | None = None
     #: a client silent for this long has its requests dropped
     client_timeout_s: float = 10.0
+    #: outgoing messages queued for a client that does not read, before it is dropped
+    client_backlog: int = 10_000
     script: str | None = None
     forward_ms: float = 0.0
     closing_bias: float = 3.0
@@ -95,6 +97,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     a("--allow-remote", action="store_true", help="allow binding a non-loopback TCP address")
     a("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     a("--client-timeout-s", type=float, default=d.client_timeout_s)
+    a("--client-backlog", type=int, default=d.client_backlog,
+      help="messages queued for a client that does not read before the engine drops it")
     a("--script", default=None, help="script file of the scripted model")
     a("--forward-ms", type=float, default=d.forward_ms, help="fixed cost per forward (ms)")
     a("--closing-bias", type=float, default=d.closing_bias)

@@ -88,14 +88,18 @@ class EngineServer:
             device=self.core.device,
         )
         self.pump = SocketPump(self._make_socket, self._on_frames, on_tick=self._on_tick,
-                               on_disconnect=self._on_disconnect, tick_s=0.1,
+                               on_disconnect=self._on_disconnect,
+                               on_undeliverable=self._on_undeliverable, tick_s=0.1,
                                name="thinkgate-engine-io")
 
     # ----- IO thread --------------------------------------------------------------
 
     def _make_socket(self, ctx: zmq.Context) -> zmq.Socket:
         sock = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.SNDHWM, 0)
+        # A client that does not read may queue this many messages; past that (or once
+        # its connection is gone) sends to it fail, and the engine drops it.
+        sock.setsockopt(zmq.SNDHWM, self.config.client_backlog)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, DEFAULT_MAX_FRAME_BYTES)
         sock.setsockopt(zmq.LINGER, 1000)
@@ -141,6 +145,19 @@ class EngineServer:
             self.inbox.put((client, msg))
             return
         self._reply(client, ErrorNotice(f"unexpected {type(msg).__name__} message"))
+
+    def _on_undeliverable(self, frames: list[bytes], reason: str) -> None:
+        client = frames[0]
+        if client not in self._clients:
+            return  # already dropped (or never greeted): nothing more to do
+        del self._clients[client]
+        if reason == "blocked":
+            log.warning("client %s does not read: %d messages wait for it; dropping its requests",
+                        client.hex(), self.config.client_backlog)
+        else:
+            log.warning("client %s is gone (its connection closed); dropping its requests",
+                        client.hex())
+        self.inbox.put((client, CLIENT_GONE))
 
     def _on_disconnect(self, endpoint: str) -> None:
         log.info("a client connection closed on %s (the client left, or sent a frame over "

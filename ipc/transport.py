@@ -82,6 +82,12 @@ class SocketPump:
     ``on_tick`` runs in the IO thread every ``tick_s`` seconds; ``on_disconnect`` there
     too, with the endpoint, whenever a peer's connection closes (ZeroMQ also closes
     the connection of a peer that sent a frame over ``MAXMSGSIZE``).
+
+    ``on_undeliverable(frames, reason)``, for a ROUTER socket with ``ROUTER_MANDATORY``,
+    gets each outgoing message its peer cannot take: ``"blocked"`` (the peer's queue
+    reached ``SNDHWM``: it does not read) or ``"gone"`` (no such peer any more). The
+    message is dropped and the pump sends on to the other peers. Without it, a full
+    queue holds every message back until the next wake-up.
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class SocketPump:
         *,
         on_tick: Callable[[], None] | None = None,
         on_disconnect: Callable[[str], None] | None = None,
+        on_undeliverable: Callable[[list[bytes], str], None] | None = None,
         tick_s: float = 0.1,
         name: str = "thinkgate-io",
     ) -> None:
@@ -98,6 +105,7 @@ class SocketPump:
         self._on_frames = on_frames
         self._on_tick = on_tick
         self._on_disconnect = on_disconnect
+        self._on_undeliverable = on_undeliverable
         self._tick_s = tick_s
         self._out: deque[list[bytes]] = deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -224,7 +232,13 @@ class SocketPump:
             try:
                 sock.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
+                if self._on_undeliverable is not None:
+                    self._on_undeliverable(frames, "blocked")
+                    continue
                 out.appendleft(frames)  # peer's queue is full: retry on the next wake-up
                 return
             except zmq.ZMQError as e:  # e.g. an unroutable peer that went away
-                log.warning("dropped an outgoing message: %s", e)
+                if self._on_undeliverable is not None and e.errno == zmq.EHOSTUNREACH:
+                    self._on_undeliverable(frames, "gone")
+                else:
+                    log.warning("dropped an outgoing message: %s", e)
