@@ -19,6 +19,7 @@ from ipc import (
     PROTOCOL_VERSION,
     AbortRequests,
     Codec,
+    EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     ErrorNotice,
@@ -75,6 +76,7 @@ class EngineServer:
         self._codec_main = Codec()
         self._codec_io = Codec()
         self._clients: dict[bytes, float] = {}  # IO thread only: last frame time
+        self._pending: list[tuple[bytes, EngineCoreOutput]] = []  # main thread: outputs to send
         self._last_beat = 0.0
         self.handshake = Handshake(
             protocol_version=PROTOCOL_VERSION,
@@ -204,17 +206,19 @@ class EngineServer:
                     except queue.Empty:
                         break
                 if core.has_work:
-                    self._send(core.step())
+                    self._pending += core.step()
+                self._send_pending()
         finally:
             self._shutdown()
 
     def _handle(self, client: bytes, msg: object) -> None:
         core = self.core
         if isinstance(msg, EngineCoreRequest):
-            self._send(core.add_request(client, msg))
+            self._pending += core.add_request(client, msg)
         elif isinstance(msg, AbortRequests):
-            self._send(core.abort(client, msg.request_ids))
+            self._pending += core.abort(client, msg.request_ids)
         elif isinstance(msg, HealthRequest):
+            self._send_pending()  # a reply comes after the outputs of what came before it
             so = core.so
             self._reply_main(client, HealthReply(
                 msg.nonce, len(core.running), len(core.waiting), core.num_steps,
@@ -229,6 +233,13 @@ class EngineServer:
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested by client %s: %s", client.hex(), msg.reason)
             self.stopping.set()
+
+    def _send_pending(self) -> None:
+        """Send the outputs gathered since the last call, one message per client: a
+        burst of refused requests is a few messages, not one per request."""
+        if self._pending:
+            self._send(self._pending)
+            self._pending = []
 
     def _reply_main(self, client: bytes, msg) -> None:
         self.pump.send([client, *self._codec_main.encode(msg)])
@@ -245,6 +256,7 @@ class EngineServer:
 
     def _shutdown(self) -> None:
         core = self.core
+        self._send_pending()
         pending = list(core.requests.values())
         out = []
         for r in pending:
