@@ -19,7 +19,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from .config import EngineConfig
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +201,7 @@ class EngineCore:
                 still.append(r)
                 continue
             try:
-                compiled = r.grammar.result() if r.grammar is not None else None
+                compiled = _grammar_of(r.grammar)
                 r.guide = self.so.make_guide(
                     compiled,
                     prompt_token_ids=r.prompt_token_ids,
@@ -350,6 +354,19 @@ class EngineCore:
         self._model_thread.shutdown(wait=True)
         self.runner.close()
         self.so.close()
+
+
+def _grammar_of(f: Future[xgr.CompiledGrammar] | None) -> xgr.CompiledGrammar | None:
+    """The grammar of a finished compile. Its error is raised as a new GrammarError:
+    re-raising the stored one (``f.result()``) would tie the raising frames, and the
+    batch they hold, to a future other requests share, until the garbage collector
+    ran."""
+    if f is None:
+        return None
+    exc = f.exception()
+    if exc is not None:
+        raise GrammarError(str(exc))
+    return f.result()
 
 
 def _final(request_id: str, reason: FinishReason, *, error: str | None = None) -> EngineCoreOutput:
