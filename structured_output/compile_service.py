@@ -244,6 +244,41 @@ class CompileService:
         log.info("grammar compile worker %d is ready", worker.proc.pid)
         return worker
 
+    def _compile(
+        self, worker: _Worker, job: _Job, deadline: float
+    ) -> tuple[CompileReply | None, _Worker | None]:
+        """Run ``job`` on ``worker`` by ``deadline``. Returns the reply (None: the time
+        limit passed, or the compiler died) and the worker to use next (None: it was
+        killed). A worker that dies on the job is replaced and the job tried once more,
+        within the same deadline: the death may be no fault of the job's (the worker
+        was killed from outside, or had died just before), and one that is the job's
+        fault happens again."""
+        for attempt in (1, 2):
+            job_id = next(self._ids)
+            try:
+                write_frame(worker.stdin, msgspec.msgpack.encode(
+                    CompileJob(job_id, job.spec.kind.value, job.spec.value)))
+            except OSError:
+                reply = None
+            else:
+                reply = worker.read(deadline - time.monotonic())
+            if reply is not None and reply.job_id == job_id:
+                return reply, worker
+            # No reply before the deadline: its pipe closed, so it died. (poll() cannot
+            # tell yet: a process closes its files before it becomes a zombie.)
+            died = reply is None and time.monotonic() < deadline
+            worker.kill()
+            if not died or attempt == 2:
+                return None, None
+            log.warning("grammar compile worker %d died (code %s) on a %s; trying it once "
+                        "more on a new worker", worker.proc.pid, worker.proc.returncode,
+                        job.spec.kind.value)
+            new = self._start_worker()
+            if new is None:
+                return None, None
+            worker = new
+        return None, None
+
     def _dispatch(self) -> None:
         import xgrammar as xgr
 
@@ -268,20 +303,10 @@ class CompileService:
                 if worker is None:
                     self._finish(job, None, "no grammar compile worker is available")
                     continue
-                job_id = next(self._ids)
                 deadline = time.monotonic() + self.timeout_s
-                try:
-                    write_frame(worker.stdin, msgspec.msgpack.encode(
-                        CompileJob(job_id, job.spec.kind.value, job.spec.value)))
-                except OSError:
-                    reply = None
-                else:
-                    reply = worker.read(self.timeout_s)
-                if reply is None or reply.job_id != job_id:
-                    timed_out = worker.proc.poll() is None and time.monotonic() >= deadline
-                    worker.kill()
-                    worker = None
-                    if timed_out:
+                reply, worker = self._compile(worker, job, deadline)
+                if reply is None:
+                    if time.monotonic() >= deadline:
                         self.num_timeouts += 1
                         msg = (f"{job.spec.kind.value} compilation exceeded the time limit of "
                                f"{self.timeout_s:g} s")
