@@ -39,6 +39,8 @@ class EngineConfig:
     compile_workers: int = 2
     compile_timeout_s: float = 10.0
     grammar_cache_mb: int = 512
+    #: a compiled grammar larger than this, serialized, ends its request with an error
+    max_compiled_grammar_mb: int = 256
     max_spec_bytes: int = 1 << 20
     json_max_whitespace: int = 16
     fill_batch_threshold: int = 64
@@ -105,6 +107,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     a("--compile-workers", type=int, default=d.compile_workers)
     a("--compile-timeout-s", type=float, default=d.compile_timeout_s)
     a("--grammar-cache-mb", type=int, default=d.grammar_cache_mb)
+    a("--max-compiled-grammar-mb", type=int, default=d.max_compiled_grammar_mb,
+      help="refuse a grammar whose compiled form, serialized, is larger (the engine needs "
+      "several times this to load it)")
     a("--max-spec-bytes", type=int, default=d.max_spec_bytes)
     a("--json-max-whitespace", type=int, default=d.json_max_whitespace)
     a("--fill-batch-threshold", type=int, default=d.fill_batch_threshold)

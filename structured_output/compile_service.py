@@ -145,6 +145,7 @@ class CompileService:
         timeout_s: float = 10.0,
         cache_bytes: int = 512 << 20,
         worker_memory_bytes: int = 8 << 30,
+        max_compiled_bytes: int = 256 << 20,
         worker_start_timeout_s: float = 120.0,
     ) -> None:
         self.options = options
@@ -160,6 +161,7 @@ class CompileService:
                 max_whitespace=options.max_whitespace,
                 max_spec_bytes=options.max_spec_bytes,
                 memory_limit_bytes=worker_memory_bytes,
+                max_compiled_bytes=max_compiled_bytes,
             )
         )
         self._start_timeout_s = worker_start_timeout_s

@@ -28,6 +28,8 @@ class WorkerInit(msgspec.Struct, array_like=True):
     max_whitespace: int
     max_spec_bytes: int
     memory_limit_bytes: int = 0
+    #: the largest compiled grammar sent back, in bytes of its serialized form (0: any)
+    max_compiled_bytes: int = 0
 
 
 class CompileJob(msgspec.Struct, array_like=True):
@@ -106,7 +108,15 @@ def main() -> int:
         job = dec.decode(raw)
         try:
             compiled = compile_spec(compiler, GrammarSpec.of(job.kind, job.value), options, specials)
-            reply = CompileReply(job.job_id, True, grammar_json=compiled.serialize_json())
+            text = compiled.serialize_json()
+            if 0 < init.max_compiled_bytes < len(text):
+                # the engine would need several times this to load it
+                reply = CompileReply(job.job_id, False, error=(
+                    f"the compiled grammar is too large: {len(text) >> 20} MiB serialized, "
+                    f"over the limit of {init.max_compiled_bytes >> 20} MiB"))
+            else:
+                reply = CompileReply(job.job_id, True, grammar_json=text)
+            del compiled, text
         except GrammarError as e:
             reply = CompileReply(job.job_id, False, error=str(e))
         except MemoryError:

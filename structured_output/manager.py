@@ -33,6 +33,9 @@ class StructuredOutputConfig:
     compile_timeout_s: float = 10.0
     cache_bytes: int = 512 << 20
     worker_memory_bytes: int = 8 << 30
+    #: a compiled grammar larger than this (serialized, as it travels from its worker)
+    #: is refused: loading it costs the engine several times as much
+    max_compiled_bytes: int = 256 << 20
     fill_batch_threshold: int = 64
     fill_threads: int = 2
 
@@ -67,6 +70,7 @@ class StructuredOutputManager:
             timeout_s=config.compile_timeout_s,
             cache_bytes=config.cache_bytes,
             worker_memory_bytes=config.worker_memory_bytes,
+            max_compiled_bytes=config.max_compiled_bytes,
         )
         self.filler = BitmaskFiller(
             max_num_seqs,
