@@ -41,6 +41,8 @@ class EngineConfig:
     grammar_cache_mb: int = 512
     #: a compiled grammar larger than this, serialized, ends its request with an error
     max_compiled_grammar_mb: int = 256
+    #: address-space cap of each compile worker
+    compile_worker_memory_mb: int = 8192
     max_spec_bytes: int = 1 << 20
     json_max_whitespace: int = 16
     fill_batch_threshold: int = 64
@@ -111,6 +113,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
       help="refuse a grammar whose compiled form, serialized, is larger (the engine needs "
       "several times this to load it)")
     a("--max-spec-bytes", type=int, default=d.max_spec_bytes)
+    a("--compile-worker-memory-mb", type=int, default=d.compile_worker_memory_mb,
+      help="address-space cap of each compile worker; a compile past it fails its request")
     a("--json-max-whitespace", type=int, default=d.json_max_whitespace)
     a("--fill-batch-threshold", type=int, default=d.fill_batch_threshold)
     a("--log-level", default=d.log_level)

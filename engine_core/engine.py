@@ -74,6 +74,7 @@ class EngineCore:
                 compile_timeout_s=config.compile_timeout_s,
                 cache_bytes=config.grammar_cache_mb << 20,
                 max_compiled_bytes=config.max_compiled_grammar_mb << 20,
+                worker_memory_bytes=config.compile_worker_memory_mb << 20,
                 fill_batch_threshold=config.fill_batch_threshold,
             ),
             pin_memory=self.device.startswith("cuda"),
