@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -165,9 +165,12 @@ class EngineCore:
         return len(mine)
 
     def _forget(self, r: EngineRequest) -> None:
+        # A grammar still compiling is never cancelled here: requests with the same
+        # spec share its future. The compile service skips a compile that no request
+        # wants any more if it has not started; one that has runs on, and is cached.
         self.requests.pop(r.key, None)
         if r.grammar is not None and r.spec is not None and not r.grammar.done():
-            self.so.release(r.spec, r.grammar)  # never cancel: other requests may share it
+            self.so.release(r.spec, r.grammar)
 
     @property
     def has_work(self) -> bool:
@@ -212,8 +215,8 @@ class EngineCore:
                     reasoning_budget=r.reasoning_budget,
                     stop_token_ids=r.grammar_stop_ids,
                 )
-            except (GrammarError, ReasoningError) as e:
-                r.finish(FinishReason.ERROR, error=str(e))
+            except (GrammarError, ReasoningError, CancelledError) as e:
+                r.finish(FinishReason.ERROR, error=str(e) or "grammar compilation was cancelled")
                 out.append((r.client, self._final_of(r)))
                 self.requests.pop(r.key, None)
                 continue

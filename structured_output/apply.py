@@ -32,15 +32,9 @@ def allowed_ids(words: np.ndarray, vocab_rows: int) -> tuple[np.ndarray, np.ndar
     return rows[keep], tokens[keep]
 
 
-def dense_mask(words: np.ndarray, vocab_rows: int) -> np.ndarray:
-    """Boolean ``[m, vocab_rows]``: True where allowed."""
-    bits = np.unpackbits(np.ascontiguousarray(words).view(np.uint8), axis=1, bitorder="little")
-    return bits[:, :vocab_rows].astype(bool)
-
-
-def words_in_use(words: np.ndarray) -> np.ndarray:
-    """Per row, the number of mask words with any allowed token."""
-    return np.count_nonzero(words, axis=1)
+def allowed_counts(words: np.ndarray) -> np.ndarray:
+    """Per row of uint32 ``[m, W]`` mask words, the number of allowed ids."""
+    return np.bitwise_count(words).sum(axis=1, dtype=np.int64)
 
 
 def apply_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, rows: np.ndarray) -> None:

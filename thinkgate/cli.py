@@ -10,10 +10,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="thinkgate",
-        description="Engine core for structured outputs and forced tool calls with reasoning models.",
+        description="Engine core for structured outputs and forced tool calls "
+        "with reasoning models.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run several chat requests through a spawned engine", add_help=False)
+    sub.add_parser(
+        "demo", help="run several chat requests through a spawned engine", add_help=False
+    )
     sub.add_parser("serve", help="run the engine-core process", add_help=False)
     sub.add_parser("bench", help="measure bitmask fill, apply+sample, end to end", add_help=False)
     if not argv or argv[0] in ("-h", "--help"):

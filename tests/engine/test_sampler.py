@@ -37,10 +37,10 @@ def setup():
     return logits, allowed
 
 
-@pytest.mark.parametrize("max_sparse_words", [0, 128])  # all rows dense / small rows sparse
-def test_greedy_is_the_best_allowed_token(setup, max_sparse_words):
+@pytest.mark.parametrize("max_sparse_ids", [0, 1000])  # all rows dense / small rows sparse
+def test_greedy_is_the_best_allowed_token(setup, max_sparse_ids):
     logits, allowed = setup
-    s = Sampler(V, max_sparse_words=max_sparse_words)
+    s = Sampler(V, max_sparse_ids=max_sparse_ids)
     tok = s.sample(logits.clone(), _batch(6, temp=0.0), StepConstraints(mask=_mask(6, allowed)))
     x = logits.numpy()
     for r, ids in allowed.items():
@@ -69,14 +69,14 @@ def _expected(logits, row, ids, *, temp=1.0, top_k=0, top_p=1.0):
 
 
 @pytest.mark.parametrize("kw", [{}, {"top_k": 5}, {"top_p": 0.6}, {"temp": 0.5, "top_p": 0.9, "top_k": 20}])
-@pytest.mark.parametrize("max_sparse_words", [0, 128])
-def test_draws_follow_the_softmax_over_allowed_ids(setup, kw, max_sparse_words):
+@pytest.mark.parametrize("max_sparse_ids", [0, 1000])
+def test_draws_follow_the_softmax_over_allowed_ids(setup, kw, max_sparse_ids):
     """Both paths (sparse: allowed ids only; dense: full-vocabulary masking) draw
     from the softmax over the allowed ids, with top-k and top-p applied."""
     logits, allowed = setup
     ids = allowed[1]
     n = 4000
-    tok = _many(logits, 1, ids, n, Sampler(V, max_sparse_words=max_sparse_words), **kw)
+    tok = _many(logits, 1, ids, n, Sampler(V, max_sparse_ids=max_sparse_ids), **kw)
     expected = _expected(logits, 1, ids, **kw)
     assert set(tok.tolist()) <= {i for i, p in expected.items() if p > 0}
     for i, p in expected.items():

@@ -1,0 +1,157 @@
+"""``thinkgate bench fill|apply|e2e``: measure the engine's structured-output paths
+side by side with the usual way. See bench/README.md."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from . import states
+from .common import cuda_missing, device_name, pair_plot, pair_table, write_json
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _names(choices: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        names = [x for x in text.split(",") if x]
+        unknown = [x for x in names if x not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"choose among {', '.join(choices)}")
+        return names
+
+    return parse
+
+
+def _common(p: argparse.ArgumentParser, *, iters: int, warmup: int) -> None:
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    p.add_argument(
+        "--torch-threads", type=int, help="torch intra-op threads (default: torch's own)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of states, logits and uniforms")
+    p.add_argument("--json", metavar="PATH", help="write the records here")
+    p.add_argument("--plot", metavar="PATH", help="draw a PNG here")
+    p.add_argument("--iters", type=int, default=iters, help=f"timed iterations (default {iters})")
+    p.add_argument(
+        "--warmup", type=int, default=warmup, help=f"untimed first iterations (default {warmup})"
+    )
+
+
+def _pairs(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--vocabs",
+        type=_names(states.VOCABS),
+        default=list(states.VOCABS),
+        help="comma-separated: qwen3,o200k_harmony (default both)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        type=_ints,
+        default=[1, 8, 32, 128, 256, 512],
+        help="comma-separated (default 1,8,32,128,256,512)",
+    )
+    p.add_argument(
+        "--grammars",
+        type=_names(states.GRAMMARS),
+        default=list(states.GRAMMARS),
+        help=f"rows take these in turn (default {','.join(states.GRAMMARS)})",
+    )
+    p.add_argument(
+        "--fill-threads",
+        type=int,
+        default=2,
+        help="threads of the engine's batched fill (the engine's default: 2)",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="thinkgate bench", description=__doc__)
+    sub = ap.add_subparsers(dest="bench", required=True)
+    p = sub.add_parser(
+        "fill", help="bitmask fill per step: engine vs a per-row loop into a fresh mask"
+    )
+    _common(p, iters=40, warmup=5)
+    _pairs(p)
+    p = sub.add_parser(
+        "apply",
+        help="apply + sample per step: engine vs apply_token_bitmask_inplace "
+        "+ multinomial(softmax)",
+    )
+    _common(p, iters=10, warmup=2)
+    _pairs(p)
+    p = sub.add_parser(
+        "e2e",
+        help="the engine process with the random model: step time and "
+        "structured-output overhead per request mix",
+    )
+    _common(p, iters=100, warmup=20)
+    p.add_argument(
+        "--engine-torch-threads", type=int, help="torch intra-op threads of the engine process"
+    )
+    p.add_argument("--max-tokens", type=int, default=4096, help="of each request (default 4096)")
+    p.add_argument("--batch-size", type=int, default=256, help="running rows (default 256)")
+    p.add_argument(
+        "--forward-ms", type=float, default=20.0, help="fixed cost per forward (default 20)"
+    )
+    p.add_argument(
+        "--constrained",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[0.0, 0.5, 1.0],
+        help="fractions of constrained requests (default 0,0.5,1)",
+    )
+    p.add_argument(
+        "--thinking",
+        type=lambda s: [x == "1" for x in s.split(",")],
+        default=[False, True],
+        help="0,1: without and with half of the requests thinking (default both)",
+    )
+    p.add_argument(
+        "--grammars",
+        type=_names(states.GRAMMARS),
+        default=list(states.GRAMMARS),
+        help="constrained requests take these in turn",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    why = cuda_missing(args.device)
+    if why:
+        print(f"thinkgate bench {args.bench}: {why}")
+        return 0
+    print(
+        f"thinkgate bench {args.bench}: device {device_name(args.device)}, seed {args.seed}, "
+        f"{args.iters} timed iterations after {args.warmup} warm-up",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    if args.bench == "e2e":
+        from . import e2e
+
+        records = e2e.run(args)
+        print(e2e.table(records))
+        if args.plot:
+            e2e.plot(records, args.plot)
+    else:
+        if args.bench == "fill":
+            from .fill import run
+        else:
+            from .apply import run
+        records = run(args)
+        print(pair_table(records))
+        if args.plot:
+            pair_plot(
+                records, args.plot, f"bench {args.bench}: per step, {', '.join(args.grammars)}"
+            )
+    if args.json:
+        write_json(args.json, records)
+    print(f"({time.perf_counter() - t0:.1f} s)")
+    return 0

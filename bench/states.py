@@ -1,0 +1,423 @@
+"""The grammar mix and the matcher states the benchmarks measure.
+
+Four grammars, as a serving engine meets them: one tool's JSON schema, "required" over
+eight tools as a JSON schema, a hermes-style structural tag over the same eight tools
+(``<tool_call>`` token, ``{"name": NAME, "arguments": `` + schema + ``}``,
+``</tool_call>`` token, at least one call), and xgrammar's builtin JSON grammar.
+
+Each row of a batch gets one grammar and one randomly generated valid document for it,
+tokenized with the real vocabulary; its matcher accepts a random prefix of those tokens
+and stops there. Rows thus sit where real outputs pass: inside strings, between keys,
+inside numbers, between calls. Every document is checked by its matcher token by token
+(a document the grammar rejects is a bug here, and raises).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from structured_output.specs import CompileOptions, GrammarSpec, compile_spec
+from tokenization import Tokenizer, load_tokenizer
+
+VOCABS = ("qwen3", "o200k_harmony")
+GRAMMARS = ("one_tool_schema", "required_8_tools", "hermes_tag", "builtin_json")
+MARKERS = ("<tool_call>", "</tool_call>")
+
+# ----- the eight tools -------------------------------------------------------------
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "description": "City name"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "details": {
+            "type": "object",
+            "properties": {
+                "wind": {"type": "boolean"},
+                "hours": {"type": "array", "items": {"type": "integer"}},
+            },
+            "required": ["wind"],
+        },
+        "score": {"type": "number"},
+    },
+    "required": ["city", "unit"],
+}
+
+
+def _tool(name: str, props: dict, required: list[str]) -> dict:
+    params = {"type": "object", "properties": props, "required": required}
+    return {"name": name, "parameters": params}
+
+
+TOOLS = [
+    _tool("get_weather", WEATHER["properties"], ["city", "unit"]),
+    _tool("get_time", {"tz": {"type": "string"}}, ["tz"]),
+    _tool("search", {"query": {"type": "string"}, "limit": {"type": "integer"}}, ["query"]),
+    _tool(
+        "send_email",
+        {
+            "to": {"type": "array", "items": {"type": "string"}},
+            "subject": {"type": "string"},
+            "urgent": {"type": "boolean"},
+        },
+        ["to", "subject"],
+    ),
+    _tool(
+        "convert",
+        {
+            "amount": {"type": "number"},
+            "from": {"enum": ["USD", "EUR", "JPY"]},
+            "to": {"enum": ["USD", "EUR", "JPY"]},
+        },
+        ["amount", "from", "to"],
+    ),
+    _tool(
+        "book",
+        {
+            "room": {"type": "string"},
+            "slot": {
+                "type": "object",
+                "properties": {"start": {"type": "string"}, "minutes": {"type": "integer"}},
+                "required": ["start"],
+            },
+        },
+        ["room", "slot"],
+    ),
+    _tool("noop", {}, []),
+    _tool(
+        "rate",
+        {
+            "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+            "note": {"type": ["string", "null"]},
+        },
+        ["stars"],
+    ),
+]
+
+REQUIRED_SCHEMA = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"enum": [t["name"]]}, "parameters": t["parameters"]},
+                "required": ["name", "parameters"],
+            }
+            for t in TOOLS
+        ]
+    },
+}
+
+
+def hermes_tag(tools: list[dict]) -> dict:
+    """Hermes-style calls as xgrammar's structural tag."""
+    return {
+        "type": "structural_tag",
+        "format": {
+            "type": "tags_with_separator",
+            "separator": "\n",
+            "at_least_one": True,
+            "tags": [
+                {
+                    "type": "tag",
+                    "begin": {"type": "token", "token": "<tool_call>"},
+                    "content": {
+                        "type": "sequence",
+                        "elements": [
+                            {
+                                "type": "const_string",
+                                "value": f'\n{{"name": "{t["name"]}", "arguments": ',
+                            },
+                            {
+                                "type": "json_schema",
+                                "json_schema": t["parameters"],
+                                "max_whitespace_cnt": 4,
+                                "excludes": list(MARKERS),
+                            },
+                            {"type": "const_string", "value": "}\n"},
+                        ],
+                    },
+                    "end": {"type": "token", "token": "</tool_call>"},
+                }
+                for t in tools
+            ],
+        },
+    }
+
+
+SPECS = {
+    "one_tool_schema": GrammarSpec.of("json_schema", json.dumps(WEATHER)),
+    "required_8_tools": GrammarSpec.of("json_schema", json.dumps(REQUIRED_SCHEMA)),
+    "hermes_tag": GrammarSpec.of("structural_tag", json.dumps(hermes_tag(TOOLS))),
+}
+
+# ----- random valid documents ---------------------------------------------------
+
+_WORDS = [
+    "Paris",
+    "São Paulo",
+    "Zürich",
+    "Kraków",
+    "New York",
+    "東京",
+    "Cairo",
+    "Reykjavík",
+    "the",
+    "quarterly",
+    "report",
+    "meeting",
+    "room",
+    "budget",
+    "draft",
+    "naïve",
+    "résumé",
+    "weather",
+    "tomorrow",
+    "urgent",
+    "please",
+    "confirm",
+    "2024-05-17",
+    "10:30",
+    "a/b",
+    'say "hi"',
+    "line\nbreak",
+    "tab\there",
+    "emoji 🙂",
+    "C:\\temp",
+    "x",
+    "",
+    "42",
+]
+
+
+def _text(rng: random.Random, lo: int = 1, hi: int = 6) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def _number(rng: random.Random) -> float | int:
+    return rng.choice(
+        [rng.randint(-1000, 100000), round(rng.uniform(-1e4, 1e4), rng.randint(1, 6))]
+    )
+
+
+def _weather(rng: random.Random) -> dict:
+    d: dict[str, Any] = {"city": _text(rng, 1, 3), "unit": rng.choice(["celsius", "fahrenheit"])}
+    if rng.random() < 0.6:
+        d["days"] = rng.randint(1, 14)
+    if rng.random() < 0.5:
+        det: dict[str, Any] = {"wind": rng.random() < 0.5}
+        if rng.random() < 0.6:
+            det["hours"] = [rng.randint(0, 23) for _ in range(rng.randint(0, 6))]
+        d["details"] = det
+    if rng.random() < 0.5:
+        d["score"] = _number(rng)
+    return d
+
+
+def _args(rng: random.Random, name: str) -> dict:
+    """Random valid arguments of tool ``name``, properties in schema order."""
+    if name == "get_weather":
+        return _weather(rng)
+    if name == "get_time":
+        return {"tz": rng.choice(["Europe/Paris", "UTC", "America/New_York", _text(rng, 1, 2)])}
+    if name == "search":
+        d: dict[str, Any] = {"query": _text(rng, 2, 10)}
+        if rng.random() < 0.5:
+            d["limit"] = rng.randint(1, 100)
+        return d
+    if name == "send_email":
+        d = {
+            "to": [
+                f"{rng.choice(['ana', 'bo', 'chen', 'dara'])}@example.com"
+                for _ in range(rng.randint(1, 3))
+            ],
+            "subject": _text(rng, 2, 8),
+        }
+        if rng.random() < 0.5:
+            d["urgent"] = rng.random() < 0.5
+        return d
+    if name == "convert":
+        return {
+            "amount": _number(rng),
+            "from": rng.choice(["USD", "EUR", "JPY"]),
+            "to": rng.choice(["USD", "EUR", "JPY"]),
+        }
+    if name == "book":
+        slot: dict[str, Any] = {
+            "start": f"2025-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}T{rng.randint(10, 19)}:00"
+        }
+        if rng.random() < 0.5:
+            slot["minutes"] = rng.choice([15, 30, 45, 60, 90])
+        return {"room": _text(rng, 1, 3), "slot": slot}
+    if name == "noop":
+        return {}
+    if name == "rate":
+        d = {"stars": rng.randint(1, 5)}
+        if rng.random() < 0.6:
+            d["note"] = _text(rng, 1, 8) if rng.random() < 0.8 else None
+        return d
+    raise KeyError(name)
+
+
+def _any_json(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.random() if depth else 0.35 + 0.65 * rng.random()  # the root: object or array
+    if depth >= 3 or kind < 0.35:
+        return rng.choice([_text(rng), _number(rng), True, False, None, _text(rng, 3, 12)])
+    if kind < 0.7:
+        return {_text(rng, 1, 2): _any_json(rng, depth + 1) for _ in range(rng.randint(1, 5))}
+    return [_any_json(rng, depth + 1) for _ in range(rng.randint(1, 5))]
+
+
+def _dumps(rng: random.Random, value: Any) -> str:
+    """JSON text, compact or spaced or indented (whitespace kept under the limits)."""
+    style = rng.random()
+    if style < 0.2:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if style < 0.85:
+        return json.dumps(value, ensure_ascii=rng.random() < 0.3)
+    return json.dumps(value, ensure_ascii=False, indent=1)
+
+
+Segment = str | int  # ordinary text, or a marker's token id
+
+
+def document(rng: random.Random, grammar: str, markers: dict[str, int]) -> list[Segment]:
+    """A random valid output for ``grammar``: text pieces and marker token ids."""
+    if grammar == "one_tool_schema":
+        return [_dumps(rng, _weather(rng))]
+    if grammar == "required_8_tools":
+        calls = []
+        for _ in range(rng.choice([1, 1, 1, 2, 3])):
+            t = rng.choice(TOOLS)["name"]
+            calls.append({"name": t, "parameters": _args(rng, t)})
+        return [_dumps(rng, calls)]
+    if grammar == "hermes_tag":
+        segs: list[Segment] = []
+        for i in range(rng.choice([1, 1, 1, 2, 3])):
+            t = rng.choice(TOOLS)["name"]
+            args = json.dumps(_args(rng, t), ensure_ascii=rng.random() < 0.3)
+            if i:
+                segs.append("\n")
+            segs += [
+                markers["<tool_call>"],
+                f'\n{{"name": "{t}", "arguments": {args}}}\n',
+                markers["</tool_call>"],
+            ]
+        return segs
+    if grammar == "builtin_json":
+        return [_dumps(rng, _any_json(rng))]
+    raise KeyError(grammar)
+
+
+# ----- vocabularies ------------------------------------------------------------------
+
+
+@dataclass
+class Vocab:
+    """A real vocabulary, with the hermes markers as single tokens."""
+
+    name: str
+    tokenizer: Tokenizer
+    token_bytes: list[bytes]
+    markers: dict[str, int]
+    vocab_rows: int
+
+    def encode(self, segments: list[Segment]) -> list[int]:
+        ids: list[int] = []
+        for s in segments:
+            if isinstance(s, int):
+                ids.append(s)
+            else:
+                ids += self.tokenizer.encode(s, special=False)
+        return ids
+
+
+@cache
+def vocab(name: str) -> Vocab:
+    """``qwen3`` has the markers; o200k_harmony does not, so they take the place of its
+    first two reserved tokens (as families do with reserved slots), which keeps the
+    vocabulary at its 201,088 rows."""
+    tok = load_tokenizer(name)
+    token_bytes = list(tok.all_token_bytes)
+    markers = {m: tok.special_tokens[m] for m in MARKERS if m in tok.special_tokens}
+    if len(markers) < len(MARKERS):
+        reserved = sorted(t for s, t in tok.special_tokens.items() if s.startswith("<|reserved_"))
+        for m, tid in zip(MARKERS, reserved, strict=False):
+            markers[m] = tid
+            token_bytes[tid] = m.encode()
+    return Vocab(name, tok, token_bytes, markers, tok.vocab_rows)
+
+
+@cache
+def compiled(vocab_name: str) -> dict[str, Any]:
+    """The four grammars compiled for one vocabulary (xgrammar ``CompiledGrammar``)."""
+    import xgrammar as xgr
+
+    from structured_output.vocab import build_tokenizer_info
+
+    v = vocab(vocab_name)
+    info = build_tokenizer_info(v.token_bytes, v.vocab_rows, v.tokenizer.stop_token_ids)
+    compiler = xgr.GrammarCompiler(info, max_threads=2)
+    options = CompileOptions()
+    out = {name: compile_spec(compiler, spec, options) for name, spec in SPECS.items()}
+    out["builtin_json"] = compiler.compile_builtin_json_grammar()
+    return out
+
+
+# ----- states ------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    grammar: str
+    matcher: Any  # xgrammar GrammarMatcher, advanced to the row's state
+    prefix: list[int]  # the tokens it accepted
+    next_token: int  # the document's next token (allowed by construction)
+
+
+def make_rows(
+    vocab_name: str, n: int, seed: int, grammars: tuple[str, ...] = GRAMMARS
+) -> list[Row]:
+    """``n`` rows, grammars in turn, each at a random point of its own random document."""
+    import xgrammar as xgr
+
+    v = vocab(vocab_name)
+    grams = compiled(vocab_name)
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        g = grammars[i % len(grammars)]
+        ids = v.encode(document(rng, g, v.markers))
+        cut = rng.randrange(len(ids))  # 0 .. len-1: something always remains
+        m = xgr.GrammarMatcher(grams[g], override_stop_tokens=list(v.tokenizer.stop_token_ids))
+        for t in ids[:cut]:
+            if not m.accept_token(t):
+                text = v.tokenizer.decode(ids)
+                raise AssertionError(f"{g} rejected token {t} of its own document {text!r}")
+        rows.append(Row(g, m, ids[:cut], ids[cut]))
+    return rows
+
+
+def check_documents(vocab_name: str, n: int, seed: int) -> None:
+    """Feed ``n`` whole documents per grammar to fresh matchers; each must terminate."""
+    import xgrammar as xgr
+
+    v = vocab(vocab_name)
+    grams = compiled(vocab_name)
+    rng = random.Random(seed)
+    stop = v.tokenizer.stop_token_ids[0]
+    for g in GRAMMARS:
+        for _ in range(n):
+            ids = v.encode(document(rng, g, v.markers))
+            m = xgr.GrammarMatcher(grams[g], override_stop_tokens=[stop])
+            ok = all(m.accept_token(t) for t in ids) and m.accept_token(stop)
+            if not ok or not m.is_terminated():
+                raise AssertionError(
+                    f"{g}: document not accepted whole: {v.tokenizer.decode(ids)!r}"
+                )

@@ -1,0 +1,73 @@
+"""Markdown tables of bench JSON files: ``python -m bench.summary FILE.json ...``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.2f}" if us < 1e5 else f"{us / 1e3:.0f}"
+
+
+def pairs(records: list[dict]) -> str:
+    """fill / apply: engine against baseline per vocabulary and batch size."""
+    by: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in records:
+        by.setdefault((r["vocab"], r["batch_size"]), {})[r["method"]] = r
+    lines = [
+        "| vocab | batch | engine p50 (ms) | engine p90 | per row (µs) "
+        "| baseline p50 (ms) | baseline p90 | per row (µs) | baseline / engine |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (vocab, b), m in by.items():
+        e, base = m["engine"], m["baseline"]
+        lines.append(
+            f"| {vocab} | {b} | {_ms(e['median_us'])} | {_ms(e['p90_us'])} "
+            f"| {e['per_row_median_us']:.1f} | {_ms(base['median_us'])} | {_ms(base['p90_us'])} "
+            f"| {base['per_row_median_us']:.1f} | **{e['ratio']:.2f}x** |"
+        )
+    return "\n".join(lines)
+
+
+def e2e(records: list[dict]) -> str:
+    lines = [
+        "| constrained | thinking | rows | masked | thinking rows | step p50 (ms) | p90 "
+        "| prepare | forward | wait | sample | other | SO overhead |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in records:
+        x = r["extra"]
+        ph = x["phase_median_us"]
+        ov = x["so_overhead"]
+        lines.append(
+            f"| {x['constrained_fraction']:.0%} | {x['thinking_fraction']:.0%} "
+            f"| {x['mean_rows']:.0f} | {x['mean_masked_rows']:.0f} | {x['mean_thinking_rows']:.0f} "
+            f"| {_ms(r['median_us'])} | {_ms(r['p90_us'])} "
+            + "".join(f"| {_ms(ph[p])} " for p in ("prepare", "forward", "wait", "sample", "other"))
+            + (f"| **{ov:+.1%}** |" if ov is not None else "| - |")
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    for path in sys.argv[1:] if argv is None else argv:
+        records = json.loads(Path(path).read_text())
+        env = records[0]["env"]
+        print(f"### {Path(path).name}\n")
+        print(
+            f"{records[0]['bench']} on {records[0]['device']}, {env['machine']}; torch "
+            f"{env['torch']}, xgrammar {env['xgrammar']}; {env['date']}; seed "
+            f"{records[0]['seed']}, {records[0]['iters']} iterations after {records[0]['warmup']} "
+            f"warm-up; 1-minute load average "
+            f"{min(r['extra']['loadavg_1m'] for r in records)}-"
+            f"{max(r['extra']['loadavg_1m'] for r in records)}.\n"
+        )
+        print((e2e if records[0]["bench"] == "e2e" else pairs)(records))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Each bench at tiny sizes, so that they don't rot: they run, check their own results
+(the masks agree, sampled tokens are allowed), and write their JSON and plot. No
+timing is asserted here; the speed goals live in the benchmarks themselves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import summary
+from bench.cli import main
+
+REQUIRED = {"bench", "device", "vocab_rows", "batch_size", "method", "median_us", "p90_us"}
+SMALL = ["--vocabs", "qwen3", "--batch-sizes", "1,8", "--iters", "2", "--warmup", "1"]
+
+
+def _records(path) -> list[dict]:
+    records = json.loads(path.read_text())
+    assert records and all(REQUIRED <= r.keys() for r in records)
+    return records
+
+
+@pytest.mark.parametrize("bench", ["fill", "apply"])
+def test_pair_bench(bench, tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert main([bench, *SMALL, "--json", str(out), "--plot", str(png)]) == 0
+    records = _records(out)
+    assert {(r["batch_size"], r["method"]) for r in records} == {
+        (b, m) for b in (1, 8) for m in ("engine", "baseline")
+    }
+    assert all(r["vocab_rows"] == 151936 for r in records)
+    assert png.stat().st_size > 0
+    assert "b/a" in capsys.readouterr().out
+    assert summary.main([str(out)]) == 0
+    assert "baseline / engine" in capsys.readouterr().out
+
+
+def test_e2e(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    args = [
+        "e2e",
+        "--batch-size",
+        "8",
+        "--iters",
+        "4",
+        "--warmup",
+        "2",
+        "--constrained",
+        "0,1",
+        "--forward-ms",
+        "5",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+    ]
+    assert main(args) == 0
+    records = _records(out)
+    assert [
+        (r["extra"]["constrained_fraction"], r["extra"]["thinking_fraction"]) for r in records
+    ] == [(0.0, 0.0), (1.0, 0.0), (0.0, 0.5), (1.0, 0.5)]
+    assert all(r["iters"] >= 4 for r in records)
+    assert png.stat().st_size > 0
+    assert summary.main([str(out)]) == 0
+
+
+def test_cuda_skips_cleanly_without_cuda(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: the CUDA paths run instead of skipping")
+    for bench in ("fill", "apply", "e2e"):
+        assert main([bench, "--device", "cuda"]) == 0
+        assert "skipped" in capsys.readouterr().out
