@@ -23,7 +23,9 @@ class Served:
         return self.loop.run(fn, timeout)
 
 
-def serve(args: Sequence[str], tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Served]:
+def serve(
+    args: Sequence[str], tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[Served]:
     log = tmp_path_factory.mktemp(name) / "engine.log"
     engine = ServedEngine(args, log)
     loop = LoopThread()

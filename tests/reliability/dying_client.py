@@ -19,7 +19,9 @@ async def main(address: str, n: int) -> None:
     seen: set[str] = set()
 
     async def run(i: int) -> None:
-        req = EngineCoreRequest(f"doomed-{i}", PROMPT, SamplingParams(max_tokens=20_000, ignore_eos=True))
+        req = EngineCoreRequest(
+            f"doomed-{i}", PROMPT, SamplingParams(max_tokens=20_000, ignore_eos=True)
+        )
         async for _ in client.generate(req):
             seen.add(req.request_id)
             if len(seen) == n:

@@ -92,8 +92,15 @@ class ServedEngine:
     """``python -m engine_core ARGS`` (or ``python -m thinkgate serve ARGS``) on a
     private ipc:// socket, its stdout and stderr in ``log_path``."""
 
-    def __init__(self, args: Sequence[str], log_path: Path, *, command: str = "engine_core",
-                 address: str | None = None, startup_timeout_s: float = 180.0) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        log_path: Path,
+        *,
+        command: str = "engine_core",
+        address: str | None = None,
+        startup_timeout_s: float = 180.0,
+    ) -> None:
         self._own_dir = None
         if address is None:
             address, self._own_dir = private_ipc_address()
@@ -103,13 +110,20 @@ class ServedEngine:
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         head = ["-m", "engine_core"] if command == "engine_core" else ["-m", "thinkgate", "serve"]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, *head, *args, "--address", address],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, *head, *args, "--address", address],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
         deadline = time.monotonic() + startup_timeout_s
         while "listening on" not in self.log():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the engine did not start ({self.proc.returncode}):\n{self.log()}")
+                raise RuntimeError(
+                    f"the engine did not start ({self.proc.returncode}):\n{self.log()}"
+                )
             time.sleep(0.1)
 
     @property
@@ -296,8 +310,9 @@ class Traffic:
 
 
 @contextmanager
-def background(loop: LoopThread, client: EngineClient, *, full_ok: bool = False,
-               **kwargs: Any) -> Iterator[Traffic]:
+def background(
+    loop: LoopThread, client: EngineClient, *, full_ok: bool = False, **kwargs: Any
+) -> Iterator[Traffic]:
     """Well-formed traffic for the duration of the block; on leaving, waits for every
     request to end and checks them all (`check_outcomes`)."""
     traffic = Traffic(client, **kwargs)
@@ -329,7 +344,9 @@ async def _collect(client: EngineClient, req: EngineCoreRequest, kind: str) -> O
     return Outcome(req.request_id, kind, ids, final, finals)
 
 
-def check_outcomes(outcomes: Sequence[Outcome], tokenizer, *, full_ok: bool = False) -> dict[str, int]:
+def check_outcomes(
+    outcomes: Sequence[Outcome], tokenizer, *, full_ok: bool = False
+) -> dict[str, int]:
     """Every request ended exactly once, without an error (but, with ``full_ok``, the
     engine's "full, retry later"); every constrained one that stopped is valid.
     Returns counts by finish reason."""
@@ -337,11 +354,16 @@ def check_outcomes(outcomes: Sequence[Outcome], tokenizer, *, full_ok: bool = Fa
     for o in outcomes:
         assert o.error is None, f"{o.request_id}: {o.error!r}"
         assert o.finals == 1 and o.final is not None, f"{o.request_id}: {o.finals} finals"
-        if full_ok and o.final.finish_reason == FinishReason.ERROR and "engine is full" in (o.final.error or ""):
+        if (
+            full_ok
+            and o.final.finish_reason == FinishReason.ERROR
+            and "engine is full" in (o.final.error or "")
+        ):
             counts["refused: full"] = counts.get("refused: full", 0) + 1
             continue
         assert o.final.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), (
-            f"{o.request_id}: {o.final.finish_reason} {o.final.error}")
+            f"{o.request_id}: {o.final.finish_reason} {o.final.error}"
+        )
         reason = str(o.final.finish_reason)
         counts[reason] = counts.get(reason, 0) + 1
         if o.final.finish_reason == FinishReason.STOP and o.kind != "free":

@@ -29,9 +29,20 @@ RESULTS: list[str] = []
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     yield from serve(
-        ["--model", "random", "--max-num-seqs", "64", "--compile-timeout-s", str(COMPILE_TIMEOUT_S),
-         "--compile-worker-memory-mb", str(WORKER_MEMORY_MB), "--seed", "31"],
-        tmp_path_factory, "grammars",
+        [
+            "--model",
+            "random",
+            "--max-num-seqs",
+            "64",
+            "--compile-timeout-s",
+            str(COMPILE_TIMEOUT_S),
+            "--compile-worker-memory-mb",
+            str(WORKER_MEMORY_MB),
+            "--seed",
+            "31",
+        ],
+        tmp_path_factory,
+        "grammars",
     )
 
 
@@ -44,27 +55,49 @@ def report():
 def _nested(depth: int, key: str) -> dict:
     s: dict[str, Any] = {"type": "integer"}
     for i in range(depth):
-        s = {key: [s, {"type": "object", "properties": {f"k{i}": s}}, {"type": "array", "items": s}]}
+        s = {
+            key: [s, {"type": "object", "properties": {f"k{i}": s}}, {"type": "array", "items": s}]
+        }
     return s
 
 
-TOOL_SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"},
-                                                "mode": {"enum": ["a", "b", "c"]}}, "required": ["q"]}
+TOOL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "q": {"type": "string"},
+        "n": {"type": "integer"},
+        "mode": {"enum": ["a", "b", "c"]},
+    },
+    "required": ["q"],
+}
 
 
 def _tools_tag(n: int) -> dict:
-    tags = [{
-        "type": "tag",
-        "begin": {"type": "token", "token": "<tool_call>"},
-        "content": {"type": "sequence", "elements": [
-            {"type": "const_string", "value": f'\n{{"name": "tool_{i}", "arguments": '},
-            {"type": "json_schema", "json_schema": TOOL_SCHEMA, "max_whitespace_cnt": 4},
-            {"type": "const_string", "value": "}\n"},
-        ]},
-        "end": {"type": "token", "token": "</tool_call>"},
-    } for i in range(n)]
-    return {"type": "structural_tag",
-            "format": {"type": "tags_with_separator", "separator": "\n", "at_least_one": True, "tags": tags}}
+    tags = [
+        {
+            "type": "tag",
+            "begin": {"type": "token", "token": "<tool_call>"},
+            "content": {
+                "type": "sequence",
+                "elements": [
+                    {"type": "const_string", "value": f'\n{{"name": "tool_{i}", "arguments": '},
+                    {"type": "json_schema", "json_schema": TOOL_SCHEMA, "max_whitespace_cnt": 4},
+                    {"type": "const_string", "value": "}\n"},
+                ],
+            },
+            "end": {"type": "token", "token": "</tool_call>"},
+        }
+        for i in range(n)
+    ]
+    return {
+        "type": "structural_tag",
+        "format": {
+            "type": "tags_with_separator",
+            "separator": "\n",
+            "at_least_one": True,
+            "tags": tags,
+        },
+    }
 
 
 def _tool_calls_valid(n: int):
@@ -78,6 +111,7 @@ def _tool_calls_valid(n: int):
             assert re.fullmatch(r"tool_\d+", obj["name"]) and int(obj["name"][5:]) < n
             jsonschema.validate(obj["arguments"], TOOL_SCHEMA)
         return True
+
     return check
 
 
@@ -122,30 +156,74 @@ TOO_BIG = ("time limit", "too large", "compiler failed")
 CASES: dict[str, Case] = {
     "nested_oneOf_depth6": Case("json_schema", json.dumps(_nested(6, "oneOf")), "error", TOO_BIG),
     "nested_anyOf_depth8": Case("json_schema", json.dumps(_nested(8, "anyOf")), "error", TOO_BIG),
-    "nested_anyOf_depth3": Case("json_schema", json.dumps(_nested(3, "anyOf")), "runs",
-                                valid=lambda t: jsonschema.validate(json.loads(t), _nested(3, "anyOf")) is None,
-                                max_tokens=256),
-    "enum_100000": Case("json_schema", json.dumps({"enum": [str(i) for i in range(100_000)]}, separators=(",", ":")),
-                        "either", TOO_BIG, valid=lambda t: 0 <= int(json.loads(t)) < 100_000),
-    "schema_10MB": Case("json_schema", json.dumps({"type": "object", "description": "x" * 10_000_000}),
-                        "error", ("over the limit",)),
-    "regex_star_star": Case("regex", "(a*)*b", "runs", valid=lambda t: re.fullmatch("a*b", t) is not None),
+    "nested_anyOf_depth3": Case(
+        "json_schema",
+        json.dumps(_nested(3, "anyOf")),
+        "runs",
+        valid=lambda t: jsonschema.validate(json.loads(t), _nested(3, "anyOf")) is None,
+        max_tokens=256,
+    ),
+    "enum_100000": Case(
+        "json_schema",
+        json.dumps({"enum": [str(i) for i in range(100_000)]}, separators=(",", ":")),
+        "either",
+        TOO_BIG,
+        valid=lambda t: 0 <= int(json.loads(t)) < 100_000,
+    ),
+    "schema_10MB": Case(
+        "json_schema",
+        json.dumps({"type": "object", "description": "x" * 10_000_000}),
+        "error",
+        ("over the limit",),
+    ),
+    "regex_star_star": Case(
+        "regex", "(a*)*b", "runs", valid=lambda t: re.fullmatch("a*b", t) is not None
+    ),
     "regex_counted_counted": Case("regex", "a{1000}{1000}", "error", ("invalid regex",)),
-    "regex_exponential": Case("regex", "(x+x+)+y", "runs", valid=lambda t: re.fullmatch("x{2,}y", t) is not None),
-    "regex_count_100000": Case("regex", "a{100000}", "runs", valid=lambda t: False),  # cannot end in 64
-    "regex_nested_counts": Case("regex", "((a{1,100}){1,100}){1,100}", "runs",
-                                valid=lambda t: re.fullmatch("a+", t) is not None and len(t) <= 10**6),
-    "ebnf_left_recursive": Case("grammar", 'root ::= a\na ::= a "x" | "y"', "runs",
-                                valid=lambda t: re.fullmatch("yx*", t) is not None),
-    "ebnf_mutual_recursive": Case("grammar", 'root ::= a\na ::= "(" b ")" | "x"\nb ::= a a | a', "runs",
-                                  valid=_balanced, max_tokens=256),
-    "ebnf_no_base_case": Case("grammar", 'root ::= "(" root ")"', "either", ("invalid grammar",),
-                              valid=lambda t: False),
+    "regex_exponential": Case(
+        "regex", "(x+x+)+y", "runs", valid=lambda t: re.fullmatch("x{2,}y", t) is not None
+    ),
+    "regex_count_100000": Case(
+        "regex", "a{100000}", "runs", valid=lambda t: False
+    ),  # cannot end in 64
+    "regex_nested_counts": Case(
+        "regex",
+        "((a{1,100}){1,100}){1,100}",
+        "runs",
+        valid=lambda t: re.fullmatch("a+", t) is not None and len(t) <= 10**6,
+    ),
+    "ebnf_left_recursive": Case(
+        "grammar",
+        'root ::= a\na ::= a "x" | "y"',
+        "runs",
+        valid=lambda t: re.fullmatch("yx*", t) is not None,
+    ),
+    "ebnf_mutual_recursive": Case(
+        "grammar",
+        'root ::= a\na ::= "(" b ")" | "x"\nb ::= a a | a',
+        "runs",
+        valid=_balanced,
+        max_tokens=256,
+    ),
+    "ebnf_no_base_case": Case(
+        "grammar", 'root ::= "(" root ")"', "either", ("invalid grammar",), valid=lambda t: False
+    ),
     "ebnf_undefined_rule": Case("grammar", "root ::= missing", "error", ("invalid grammar",)),
-    "structural_tag_100_tools": Case("structural_tag", json.dumps(_tools_tag(100)), "runs",
-                                     valid=_tool_calls_valid(100), max_tokens=256),
-    "structural_tag_500_tools": Case("structural_tag", json.dumps(_tools_tag(500)), "either", TOO_BIG,
-                                     valid=_tool_calls_valid(500), max_tokens=256),
+    "structural_tag_100_tools": Case(
+        "structural_tag",
+        json.dumps(_tools_tag(100)),
+        "runs",
+        valid=_tool_calls_valid(100),
+        max_tokens=256,
+    ),
+    "structural_tag_500_tools": Case(
+        "structural_tag",
+        json.dumps(_tools_tag(500)),
+        "either",
+        TOO_BIG,
+        valid=_tool_calls_valid(500),
+        max_tokens=256,
+    ),
 }
 
 
@@ -157,24 +235,33 @@ def test_adversarial_grammars(served):
     peak = start_rss
     with background(served.loop, served.client):
         for name, case in CASES.items():
-            req = EngineCoreRequest(f"adv-{name}", PROMPT, SamplingParams(max_tokens=case.max_tokens, seed=1),
-                                    StructuredOutputSpec(case.kind, case.value))
+            req = EngineCoreRequest(
+                f"adv-{name}",
+                PROMPT,
+                SamplingParams(max_tokens=case.max_tokens, seed=1),
+                StructuredOutputSpec(case.kind, case.value),
+            )
             t0 = time.monotonic()
             ids, final = served.run(lambda req=req: _collect(client, req))
             took = time.monotonic() - t0
             rss = rss_kib(pid)
             peak = max(peak, rss)
             ok = final.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-            what = f"{final.finish_reason}" + (f": {final.error}" if final.error else f", {len(ids)} tokens")
-            RESULTS.append(f"{name} ({len(case.value) / 1e6:.2f} MB spec): {what} in {took:.1f} s; "
-                           f"engine RSS {rss / 1024:.0f} MiB")
+            what = f"{final.finish_reason}" + (
+                f": {final.error}" if final.error else f", {len(ids)} tokens"
+            )
+            RESULTS.append(
+                f"{name} ({len(case.value) / 1e6:.2f} MB spec): {what} in {took:.1f} s; "
+                f"engine RSS {rss / 1024:.0f} MiB"
+            )
             if case.expect == "error":
                 assert not ok, (name, what)
             elif case.expect == "runs":
                 assert ok, (name, what)
             if not ok:
-                assert final.finish_reason == FinishReason.ERROR and any(e in final.error for e in case.errors), (
-                    name, what)
+                assert final.finish_reason == FinishReason.ERROR and any(
+                    e in final.error for e in case.errors
+                ), (name, what)
                 assert took < COMPILE_TIMEOUT_S + MARGIN_S, (name, took)
             elif final.finish_reason == FinishReason.STOP:
                 text = tok.decode(ids[:-1])
@@ -182,8 +269,10 @@ def test_adversarial_grammars(served):
         # a grammar nobody else asked for did not stall the batch: the background ran on
     health = served.run(client.health)
     end_rss = rss_kib(pid)
-    RESULTS.append(f"engine RSS {start_rss / 1024:.0f} MiB before, {peak / 1024:.0f} MiB at most, "
-                   f"{end_rss / 1024:.0f} MiB after; {health}")
+    RESULTS.append(
+        f"engine RSS {start_rss / 1024:.0f} MiB before, {peak / 1024:.0f} MiB at most, "
+        f"{end_rss / 1024:.0f} MiB after; {health}"
+    )
     assert (health.num_requests, health.num_guides, health.num_compiling) == (0, 0, 0), health
     # bounded: the serialized-size limit keeps every load under a few times 256 MiB
     assert peak - start_rss < 3 * 1024 * 1024, (start_rss, peak)
@@ -208,11 +297,20 @@ def test_a_compiled_grammar_over_the_size_limit_is_refused(qwen3):
     from structured_output import CompileOptions, GrammarError, GrammarSpec, tokenizer_info_for
     from structured_output.compile_service import CompileService
 
-    svc = CompileService(qwen3, CompileOptions(), tokenizer_info_for(qwen3), num_workers=1,
-                         timeout_s=60, max_compiled_bytes=1 << 20)
+    svc = CompileService(
+        qwen3,
+        CompileOptions(),
+        tokenizer_info_for(qwen3),
+        num_workers=1,
+        timeout_s=60,
+        max_compiled_bytes=1 << 20,
+    )
     try:
-        with pytest.raises(GrammarError, match=r"compiled grammar is too large: \d+ MiB serialized, "
-                                               r"over the limit of 1 MiB"):
+        with pytest.raises(
+            GrammarError,
+            match=r"compiled grammar is too large: \d+ MiB serialized, "
+            r"over the limit of 1 MiB",
+        ):
             svc.submit(GrammarSpec.of("json_object")).result(120)
         svc.submit(GrammarSpec.of("regex", "[a-c]{2}")).result(120)  # small ones pass
     finally:

@@ -19,7 +19,14 @@ import pytest
 
 from engine_core.client import EngineClient, EngineDeadError
 from engine_core.config import EngineConfig
-from ipc import EngineCoreRequest, FinishReason, Heartbeat, MsgType, SamplingParams, StructuredOutputSpec
+from ipc import (
+    EngineCoreRequest,
+    FinishReason,
+    Heartbeat,
+    MsgType,
+    SamplingParams,
+    StructuredOutputSpec,
+)
 
 from .conftest import serve
 from .support import (
@@ -35,7 +42,9 @@ from .support import (
 )
 
 #: a schema that takes xgrammar tens of seconds to compile on this machine
-SLOW_SCHEMA = json.dumps({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2500)}})
+SLOW_SCHEMA = json.dumps(
+    {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2500)}}
+)
 #: one that takes a few seconds to compile (2.5 s here when the machine is quiet), and
 #: not too much to send back (52 MB serialized)
 MEDIUM_SCHEMA = json.dumps({"enum": [f"member-{i}" for i in range(20_000)]})
@@ -50,8 +59,7 @@ def report():
 
 
 def _workers(engine_pid: int) -> list[int]:
-    return [p for p in children(engine_pid)
-            if b"compile_worker" in _read(f"/proc/{p}/cmdline")]
+    return [p for p in children(engine_pid) if b"compile_worker" in _read(f"/proc/{p}/cmdline")]
 
 
 def _read(path: str) -> bytes:
@@ -74,10 +82,13 @@ def _wait(cond, timeout_s: float, what: str, step: float = 0.05) -> float:
 
 def test_engine_killed_under_load_fails_every_request_within_2s_and_a_new_one_starts():
     async def body():
-        client = await EngineClient.spawn(EngineConfig(model="random", reasoning_parser="qwen3",
-                                                       max_num_seqs=256, seed=5))
+        client = await EngineClient.spawn(
+            EngineConfig(model="random", reasoning_parser="qwen3", max_num_seqs=256, seed=5)
+        )
         tok = client.tokenizer()
-        think_prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+        think_prompt = tok.encode(
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        )
         failures: dict[str, float] = {}
         other: list[BaseException | str] = []
 
@@ -89,9 +100,12 @@ def test_engine_killed_under_load_fails_every_request_within_2s_and_a_new_one_st
             elif kind == 2:
                 so = StructuredOutputSpec("regex", "[a-z ]{1,20000}")
             req = EngineCoreRequest(
-                f"load-{i}", think_prompt if kind == 3 else PROMPT,
+                f"load-{i}",
+                think_prompt if kind == 3 else PROMPT,
                 SamplingParams(max_tokens=30_000, ignore_eos=True, seed=i),
-                so, reasoning_ended=False if kind == 3 else None)
+                so,
+                reasoning_ended=False if kind == 3 else None,
+            )
             try:
                 async for out in client.generate(req):
                     if out.finished:
@@ -117,15 +131,17 @@ def test_engine_killed_under_load_fails_every_request_within_2s_and_a_new_one_st
                 pass
         await client.shutdown(timeout_s=5)
         orphans_gone = await asyncio.to_thread(
-            _wait, lambda: not any(alive(p) for p in workers), 30, "compile workers exit")
+            _wait, lambda: not any(alive(p) for p in workers), 30, "compile workers exit"
+        )
         # a new engine starts and serves
         t0 = time.monotonic()
         fresh = await EngineClient.spawn(EngineConfig(model="random", seed=6))
         try:
             startup = time.monotonic() - t0
             last = None
-            async for out in fresh.generate(EngineCoreRequest(
-                    "after", PROMPT, SamplingParams(max_tokens=5, ignore_eos=True))):
+            async for out in fresh.generate(
+                EngineCoreRequest("after", PROMPT, SamplingParams(max_tokens=5, ignore_eos=True))
+            ):
                 last = out
             assert last is not None and last.finish_reason == FinishReason.LENGTH
         finally:
@@ -136,10 +152,12 @@ def test_engine_killed_under_load_fails_every_request_within_2s_and_a_new_one_st
     assert other == []
     assert len(failures) == n
     latency = max(failures.values()) - killed
-    FIGURES["engine SIGKILL"] = (f"{n} requests in flight (256 running), all failed "
-                                 f"{min(failures.values()) - killed:.2f}-{latency:.2f} s after the kill; "
-                                 f"{nworkers} compile workers gone {orphans_gone:.1f} s later; "
-                                 f"new engine up in {startup:.1f} s")
+    FIGURES["engine SIGKILL"] = (
+        f"{n} requests in flight (256 running), all failed "
+        f"{min(failures.values()) - killed:.2f}-{latency:.2f} s after the kill; "
+        f"{nworkers} compile workers gone {orphans_gone:.1f} s later; "
+        f"new engine up in {startup:.1f} s"
+    )
     assert latency < 2.0
 
 
@@ -152,9 +170,17 @@ def test_compile_workers_exit_when_the_engine_is_killed_mid_compile():
         client = await EngineClient.spawn(EngineConfig(model="random", compile_timeout_s=300))
         try:
             await asyncio.to_thread(_idle_workers, client.proc.pid, 2)
-            task = asyncio.create_task(_drain(client, EngineCoreRequest(
-                "slow", PROMPT, SamplingParams(max_tokens=4),
-                StructuredOutputSpec("json_schema", SLOW_SCHEMA))))
+            task = asyncio.create_task(
+                _drain(
+                    client,
+                    EngineCoreRequest(
+                        "slow",
+                        PROMPT,
+                        SamplingParams(max_tokens=4),
+                        StructuredOutputSpec("json_schema", SLOW_SCHEMA),
+                    ),
+                )
+            )
             busy = await asyncio.to_thread(_busy_worker, client.proc.pid)
             os.kill(client.proc.pid, signal.SIGKILL)
             killed = time.monotonic()
@@ -230,10 +256,24 @@ CLIENT_BACKLOG = 1000
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     yield from serve(
-        ["--model", "random", "--max-num-seqs", "128", "--client-timeout-s", str(CLIENT_TIMEOUT_S),
-         "--max-waiting", str(MAX_WAITING), "--client-backlog", str(CLIENT_BACKLOG),
-         "--compile-timeout-s", "120", "--seed", "21"],
-        tmp_path_factory, "faults",
+        [
+            "--model",
+            "random",
+            "--max-num-seqs",
+            "128",
+            "--client-timeout-s",
+            str(CLIENT_TIMEOUT_S),
+            "--max-waiting",
+            str(MAX_WAITING),
+            "--client-backlog",
+            str(CLIENT_BACKLOG),
+            "--compile-timeout-s",
+            "120",
+            "--seed",
+            "21",
+        ],
+        tmp_path_factory,
+        "faults",
     )
 
 
@@ -247,9 +287,12 @@ def test_a_dead_or_frozen_front_end_leaves_no_orphan_work(served, how):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     log_before = served.engine.log()
     with background(served.loop, served.client):
-        proc = subprocess.Popen([sys.executable, "-m", "tests.reliability.dying_client",
-                                 served.client.address, str(n)],
-                                stdout=subprocess.PIPE, env=env, cwd=ROOT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability.dying_client", served.client.address, str(n)],
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+        )
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()
@@ -273,7 +316,7 @@ def test_a_dead_or_frozen_front_end_leaves_no_orphan_work(served, how):
             proc.kill()
             proc.wait()
             proc.stdout.close()
-    log = served.engine.log()[len(log_before):]
+    log = served.engine.log()[len(log_before) :]
     assert f"dropped {n} requests of client" in log
     if how == "SIGSTOP":
         assert "went silent; dropping its requests" in log
@@ -281,8 +324,10 @@ def test_a_dead_or_frozen_front_end_leaves_no_orphan_work(served, how):
         assert "is gone (its connection closed)" in log or "went silent" in log
     after = served.run(served.client.health)
     assert after.num_running == 0 and after.num_requests == 0 and after.num_guides == 0
-    FIGURES[f"front end {how}"] = (f"{n} running requests dropped {took:.2f} s after the signal "
-                                   f"(--client-timeout-s {CLIENT_TIMEOUT_S:g})")
+    FIGURES[f"front end {how}"] = (
+        f"{n} running requests dropped {took:.2f} s after the signal "
+        f"(--client-timeout-s {CLIENT_TIMEOUT_S:g})"
+    )
     assert took < CLIENT_TIMEOUT_S + 10
 
 
@@ -293,15 +338,25 @@ def test_a_compile_worker_killed_mid_compile_costs_nobody(served):
     pid = served.engine.pid
     with background(served.loop, served.client):
         _idle_workers(pid, 2, served.engine.log)
-        fut = served.loop.submit(lambda: _drain(served.client, EngineCoreRequest(
-            "survivor", PROMPT, SamplingParams(max_tokens=8),
-            StructuredOutputSpec("json_schema", MEDIUM_SCHEMA))))
+        fut = served.loop.submit(
+            lambda: _drain(
+                served.client,
+                EngineCoreRequest(
+                    "survivor",
+                    PROMPT,
+                    SamplingParams(max_tokens=8),
+                    StructuredOutputSpec("json_schema", MEDIUM_SCHEMA),
+                ),
+            )
+        )
         busy = _busy_worker(pid)
         os.kill(busy, signal.SIGKILL)
         out = fut.result(120)
         assert out.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), out
         _idle_workers(pid, 2, served.engine.log)  # the pool is whole again
-    assert f"worker {busy} died (code -9) on a json_schema; trying it once more" in served.engine.log()
+    assert (
+        f"worker {busy} died (code -9) on a json_schema; trying it once more" in served.engine.log()
+    )
 
 
 def test_a_grammar_whose_worker_dies_twice_fails_only_its_request(served):
@@ -309,8 +364,12 @@ def test_a_grammar_whose_worker_dies_twice_fails_only_its_request(served):
     spec = StructuredOutputSpec("json_schema", SLOW_SCHEMA)
     with background(served.loop, served.client):
         _idle_workers(pid, 2, served.engine.log)
-        fut = served.loop.submit(lambda: _drain(served.client, EngineCoreRequest(
-            "victim", PROMPT, SamplingParams(max_tokens=4), spec)))
+        fut = served.loop.submit(
+            lambda: _drain(
+                served.client,
+                EngineCoreRequest("victim", PROMPT, SamplingParams(max_tokens=4), spec),
+            )
+        )
         first = _busy_worker(pid)
         known = _ready(served.engine.log())
         os.kill(first, signal.SIGKILL)
@@ -338,17 +397,35 @@ def test_a_compile_worker_killed_while_idle_costs_nobody(served):
     # found dead before the job, or (when its threads were still exiting) on the job,
     # which then ran again on a new worker
     log = served.engine.log()
-    assert (f"worker {before[0]} exited (code -9) while idle" in log
-            or f"worker {before[0]} died (code -9) on a regex; trying it once more" in log)
+    assert (
+        f"worker {before[0]} exited (code -9) while idle" in log
+        or f"worker {before[0]} died (code -9) on a regex; trying it once more" in log
+    )
 
 
 def _after_crash(served, tag: str) -> list:
     """Four new grammars, compiled and run; returns the errors."""
-    outs = served.run(lambda: asyncio.gather(*(_drain(served.client, EngineCoreRequest(
-        f"after-{tag}-{i}", PROMPT, SamplingParams(max_tokens=64),
-        StructuredOutputSpec("regex", f"[0-9]{{3}}-{tag}-{i}"))) for i in range(4))))
-    return [(o.request_id, o.error) for o in outs
-            if o.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH)]
+    outs = served.run(
+        lambda: asyncio.gather(
+            *(
+                _drain(
+                    served.client,
+                    EngineCoreRequest(
+                        f"after-{tag}-{i}",
+                        PROMPT,
+                        SamplingParams(max_tokens=64),
+                        StructuredOutputSpec("regex", f"[0-9]{{3}}-{tag}-{i}"),
+                    ),
+                )
+                for i in range(4)
+            )
+        )
+    )
+    return [
+        (o.request_id, o.error)
+        for o in outs
+        if o.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH)
+    ]
 
 
 @contextlib.contextmanager
@@ -371,8 +448,11 @@ def test_a_slow_reader_delays_no_other_stream(served):
 
         async def slow():
             n = 0
-            async for out in client.generate(EngineCoreRequest(
-                    "slow-reader", PROMPT, SamplingParams(max_tokens=60, ignore_eos=True))):
+            async for out in client.generate(
+                EngineCoreRequest(
+                    "slow-reader", PROMPT, SamplingParams(max_tokens=60, ignore_eos=True)
+                )
+            ):
                 n += 1
                 slow_read.append(n)
                 if out.finished:
@@ -381,9 +461,15 @@ def test_a_slow_reader_delays_no_other_stream(served):
                     await asyncio.sleep(0.5)
 
         async def fast(i):
-            return await _drain(client, EngineCoreRequest(
-                f"fast-{i}", PROMPT, SamplingParams(max_tokens=60, ignore_eos=True, seed=i),
-                StructuredOutputSpec("json_schema", json.dumps(SCHEMA)) if i % 2 else None))
+            return await _drain(
+                client,
+                EngineCoreRequest(
+                    f"fast-{i}",
+                    PROMPT,
+                    SamplingParams(max_tokens=60, ignore_eos=True, seed=i),
+                    StructuredOutputSpec("json_schema", json.dumps(SCHEMA)) if i % 2 else None,
+                ),
+            )
 
         s = asyncio.create_task(slow())
         outs = await asyncio.gather(*(fast(i) for i in range(16)))
@@ -396,10 +482,14 @@ def test_a_slow_reader_delays_no_other_stream(served):
         return outs, read_when_fast_done, read_when_engine_done, n, final, h
 
     outs, at_fast, at_engine, n, final, h = served.run(body)
-    assert all(o.finished and o.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for o in outs)
+    assert all(
+        o.finished and o.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for o in outs
+    )
     assert final.finish_reason == FinishReason.LENGTH
-    FIGURES["slow reader"] = (f"16 other streams done when it had read {at_fast} outputs; the engine "
-                              f"done with it at {at_engine}; it read {n} in the end")
+    FIGURES["slow reader"] = (
+        f"16 other streams done when it had read {at_fast} outputs; the engine "
+        f"done with it at {at_engine}; it read {n} in the end"
+    )
     assert at_engine < n  # the engine finished it while its reader still lagged
     assert h.num_running == 0
 
@@ -417,11 +507,14 @@ def test_a_client_that_never_reads_is_dropped_at_its_backlog(served):
             peer.hello()
             before = rss_kib(pid)
             for i in range(32):
-                peer.send_msg(EngineCoreRequest(f"unread-{i}", PROMPT, SamplingParams(
-                    max_tokens=20_000, ignore_eos=True)))
+                peer.send_msg(
+                    EngineCoreRequest(
+                        f"unread-{i}", PROMPT, SamplingParams(max_tokens=20_000, ignore_eos=True)
+                    )
+                )
             t0 = time.monotonic()
             sent = 0
-            while "does not read" not in served.engine.log()[len(log_before):]:
+            while "does not read" not in served.engine.log()[len(log_before) :]:
                 assert time.monotonic() - t0 < 60, "the engine never dropped the client"
                 for _ in range(500):
                     peer.send([bytes([MsgType.REQUEST]), b"\xc1"])
@@ -445,10 +538,11 @@ def test_a_client_that_never_reads_is_dropped_at_its_backlog(served):
                 peer2.close()
         finally:
             peer.close()
-    assert "dropped 32 requests of client" in served.engine.log()[len(log_before):]
+    assert "dropped 32 requests of client" in served.engine.log()[len(log_before) :]
     FIGURES["client that never reads"] = (
         f"dropped after {sent} unread replies ({took:.1f} s; --client-backlog {CLIENT_BACKLOG}); "
-        f"engine RSS {before / 1024:.0f} -> {after / 1024:.0f} MiB")
+        f"engine RSS {before / 1024:.0f} -> {after / 1024:.0f} MiB"
+    )
     assert after - before < 200 * 1024
 
 
@@ -471,7 +565,11 @@ def test_a_flood_is_refused_past_max_waiting_and_every_request_ends_once(served)
             return msg is not None
 
         for i in range(n):  # as fast as it can, reading whatever has come meanwhile
-            peer.send_msg(EngineCoreRequest(f"flood-{i}", PROMPT, SamplingParams(max_tokens=3, ignore_eos=True)))
+            peer.send_msg(
+                EngineCoreRequest(
+                    f"flood-{i}", PROMPT, SamplingParams(max_tokens=3, ignore_eos=True)
+                )
+            )
             while take(0):
                 pass
         while len(finals) < n:
@@ -485,8 +583,10 @@ def test_a_flood_is_refused_past_max_waiting_and_every_request_ends_once(served)
     assert len(ran) >= 128 + MAX_WAITING - 8  # the background holds up to 8
     h = served.run(served.client.health)
     assert h.num_requests == 0 and h.num_guides == 0
-    FIGURES["flood"] = (f"{n} requests at once: {len(ran)} ran, {len(refused)} refused as full, "
-                        f"each ended once in {took:.1f} s; RSS {before / 1024:.0f} -> {peak / 1024:.0f} MiB")
+    FIGURES["flood"] = (
+        f"{n} requests at once: {len(ran)} ran, {len(refused)} refused as full, "
+        f"each ended once in {took:.1f} s; RSS {before / 1024:.0f} -> {peak / 1024:.0f} MiB"
+    )
 
 
 @pytest.fixture(autouse=True)

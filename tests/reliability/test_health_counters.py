@@ -10,7 +10,14 @@ import msgspec
 
 from engine_core.client import EngineClient
 from engine_core.config import EngineConfig
-from ipc import Codec, EngineCoreRequest, FinishReason, HealthReply, SamplingParams, StructuredOutputSpec
+from ipc import (
+    Codec,
+    EngineCoreRequest,
+    FinishReason,
+    HealthReply,
+    SamplingParams,
+    StructuredOutputSpec,
+)
 
 from .support import PROMPT
 
@@ -25,8 +32,17 @@ class _OldHealthReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
 
 
 def test_old_and_new_peers_read_each_others_replies():
-    new = HealthReply(5, 1, 2, 3, num_requests=4, num_guides=5, num_compiling=6,
-                      num_cached_grammars=7, num_clients=8)
+    new = HealthReply(
+        5,
+        1,
+        2,
+        3,
+        num_requests=4,
+        num_guides=5,
+        num_compiling=6,
+        num_cached_grammars=7,
+        num_clients=8,
+    )
     old = msgspec.msgpack.decode(msgspec.msgpack.encode(new), type=_OldHealthReply)
     assert (old.nonce, old.num_running, old.num_waiting, old.num_steps) == (5, 1, 2, 3)
     back = Codec().decode([bytes([19]), msgspec.msgpack.encode(_OldHealthReply(5, 1, 2, 3))])
@@ -35,18 +51,36 @@ def test_old_and_new_peers_read_each_others_replies():
 
 
 def test_counters_follow_the_work():
-    schema = json.dumps({"type": "object", "properties": {f"q{i}": {"type": "integer"} for i in range(600)}})
+    schema = json.dumps(
+        {"type": "object", "properties": {f"q{i}": {"type": "integer"} for i in range(600)}}
+    )
 
     async def body():
         client = await EngineClient.spawn(EngineConfig(model="random", max_num_seqs=8, seed=1))
         try:
             idle = await client.health()
-            long = asyncio.create_task(_drain(client, EngineCoreRequest(
-                "long", PROMPT, SamplingParams(max_tokens=10_000, ignore_eos=True),
-                StructuredOutputSpec("regex", "[a-z]{1,20000}"))))
-            compiling = asyncio.create_task(_drain(client, EngineCoreRequest(
-                "compiling", PROMPT, SamplingParams(max_tokens=4),
-                StructuredOutputSpec("json_schema", schema))))
+            long = asyncio.create_task(
+                _drain(
+                    client,
+                    EngineCoreRequest(
+                        "long",
+                        PROMPT,
+                        SamplingParams(max_tokens=10_000, ignore_eos=True),
+                        StructuredOutputSpec("regex", "[a-z]{1,20000}"),
+                    ),
+                )
+            )
+            compiling = asyncio.create_task(
+                _drain(
+                    client,
+                    EngineCoreRequest(
+                        "compiling",
+                        PROMPT,
+                        SamplingParams(max_tokens=4),
+                        StructuredOutputSpec("json_schema", schema),
+                    ),
+                )
+            )
             busy = await client.health()
             while busy.num_guides < 1:
                 busy = await client.health()
@@ -62,10 +96,20 @@ def test_counters_follow_the_work():
             await client.shutdown()
 
     idle, busy, ends, after = asyncio.run(body())
-    assert (idle.num_requests, idle.num_guides, idle.num_compiling, idle.num_clients) == (0, 0, 0, 1)
+    assert (idle.num_requests, idle.num_guides, idle.num_compiling, idle.num_clients) == (
+        0,
+        0,
+        0,
+        1,
+    )
     assert busy.num_requests == 2 and busy.num_guides >= 1
     assert all(e.finish_reason == FinishReason.ABORT for e in ends)
-    assert (after.num_requests, after.num_guides, after.num_compiling, after.num_running) == (0, 0, 0, 0)
+    assert (after.num_requests, after.num_guides, after.num_compiling, after.num_running) == (
+        0,
+        0,
+        0,
+        0,
+    )
     assert after.num_cached_grammars >= 1
 
 

@@ -35,16 +35,37 @@ CONCURRENCY = 256
 REGEX = r"[A-Z]{2}-\d{3,5}(\.[a-z]{1,4})?"
 CHOICES = ["alpha", "beta", "gamma delta"]
 EBNF = 'root ::= expr\nexpr ::= term (" + " term)*\nterm ::= [1-9] [0-9]* | "(" expr ")"'
-TOOL = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"]}
-TAG = {"type": "structural_tag", "format": {"type": "tags_with_separator", "separator": "\n",
-                                            "at_least_one": True, "tags": [{
-    "type": "tag", "begin": {"type": "token", "token": "<tool_call>"},
-    "content": {"type": "sequence", "elements": [
-        {"type": "const_string", "value": '\n{"name": "get_weather", "arguments": '},
-        {"type": "json_schema", "json_schema": TOOL, "max_whitespace_cnt": 4},
-        {"type": "const_string", "value": "}\n"}]},
-    "end": {"type": "token", "token": "</tool_call>"}}]}}
+TOOL = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"],
+}
+TAG = {
+    "type": "structural_tag",
+    "format": {
+        "type": "tags_with_separator",
+        "separator": "\n",
+        "at_least_one": True,
+        "tags": [
+            {
+                "type": "tag",
+                "begin": {"type": "token", "token": "<tool_call>"},
+                "content": {
+                    "type": "sequence",
+                    "elements": [
+                        {
+                            "type": "const_string",
+                            "value": '\n{"name": "get_weather", "arguments": ',
+                        },
+                        {"type": "json_schema", "json_schema": TOOL, "max_whitespace_cnt": 4},
+                        {"type": "const_string", "value": "}\n"},
+                    ],
+                },
+                "end": {"type": "token", "token": "</tool_call>"},
+            }
+        ],
+    },
+}
 
 
 def _expr(s: str) -> bool:
@@ -90,16 +111,26 @@ def _calls(s: str) -> bool:
 
 
 SPECS = {
-    "schema": (StructuredOutputSpec("json_schema", json.dumps(SCHEMA)),
-               lambda s: jsonschema.validate(json.loads(s), SCHEMA) is None),
+    "schema": (
+        StructuredOutputSpec("json_schema", json.dumps(SCHEMA)),
+        lambda s: jsonschema.validate(json.loads(s), SCHEMA) is None,
+    ),
     "regex": (StructuredOutputSpec("regex", REGEX), lambda s: re.fullmatch(REGEX, s) is not None),
     "choice": (StructuredOutputSpec("choice", json.dumps(CHOICES)), lambda s: s in CHOICES),
     "ebnf": (StructuredOutputSpec("grammar", EBNF), _expr),
     "tools": (StructuredOutputSpec("structural_tag", json.dumps(TAG)), _calls),
 }
 # Eight slots: 0-3 constrained (half), 0 and 4 thinking (a quarter).
-SLOTS = [("schema", True), ("schema", False), ("regex", False), ("rotate", False),
-         ("free", True), ("free", False), ("free", False), ("free", False)]
+SLOTS = [
+    ("schema", True),
+    ("schema", False),
+    ("regex", False),
+    ("rotate", False),
+    ("free", True),
+    ("free", False),
+    ("free", False),
+    ("free", False),
+]
 ROTATE = ["choice", "ebnf", "tools", "schema"]
 
 
@@ -115,18 +146,33 @@ class Result:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    yield from serve(["--model", "random", "--reasoning-parser", "qwen3", "--max-num-seqs",
-                      str(CONCURRENCY), "--seed", "41"], tmp_path_factory, "load")
+    yield from serve(
+        [
+            "--model",
+            "random",
+            "--reasoning-parser",
+            "qwen3",
+            "--max-num-seqs",
+            str(CONCURRENCY),
+            "--seed",
+            "41",
+        ],
+        tmp_path_factory,
+        "load",
+    )
 
 
 def run_load(served, n: int, seed: int) -> dict:
     client = served.client
     tok = client.tokenizer()
     parser = create_reasoning_parser("qwen3", tok)
-    answer_prompt = tok.encode("<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"
-                               "<think>\n\n</think>\n\n")
-    think_prompt = tok.encode("<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"
-                              "<think>\n")
+    answer_prompt = tok.encode(
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"
+        "<think>\n\n</think>\n\n"
+    )
+    think_prompt = tok.encode(
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
     assert parser.reasoning_ended(answer_prompt) and not parser.reasoning_ended(think_prompt)
     rng = random.Random(seed)
     plan = []
@@ -135,11 +181,23 @@ def run_load(served, n: int, seed: int) -> dict:
         if kind == "rotate":
             kind = ROTATE[(i // len(SLOTS)) % len(ROTATE)]
         so = SPECS[kind][0] if kind != "free" else None
-        sp = SamplingParams(max_tokens=rng.randint(8, 48) if kind == "free" else 384, seed=seed * 100_000 + i)
-        plan.append((kind, thinking, EngineCoreRequest(
-            f"load-{seed}-{i}", think_prompt if thinking else answer_prompt, sp, so,
-            reasoning_ended=not thinking,
-            reasoning_budget=rng.randint(4, 32) if thinking else None)))
+        sp = SamplingParams(
+            max_tokens=rng.randint(8, 48) if kind == "free" else 384, seed=seed * 100_000 + i
+        )
+        plan.append(
+            (
+                kind,
+                thinking,
+                EngineCoreRequest(
+                    f"load-{seed}-{i}",
+                    think_prompt if thinking else answer_prompt,
+                    sp,
+                    so,
+                    reasoning_ended=not thinking,
+                    reasoning_budget=rng.randint(4, 32) if thinking else None,
+                ),
+            )
+        )
 
     async def body():
         results: list[Result] = []
@@ -155,8 +213,16 @@ def run_load(served, n: int, seed: int) -> dict:
                     if out.finished:
                         finals += 1
                         last = out
-                results.append(Result(kind, thinking, ids, last.finish_reason if last else None,
-                                      last.error if last else None, finals))
+                results.append(
+                    Result(
+                        kind,
+                        thinking,
+                        ids,
+                        last.finish_reason if last else None,
+                        last.error if last else None,
+                        finals,
+                    )
+                )
 
         await asyncio.gather(*(lane() for _ in range(CONCURRENCY)))
         return results
@@ -170,7 +236,9 @@ def run_load(served, n: int, seed: int) -> dict:
     async def settled():
         for _ in range(200):
             h = await client.health()
-            if not (h.num_requests or h.num_guides or h.num_compiling or h.num_running or h.num_waiting):
+            if not (
+                h.num_requests or h.num_guides or h.num_compiling or h.num_running or h.num_waiting
+            ):
                 return h
             await asyncio.sleep(0.05)
         return h
@@ -181,16 +249,21 @@ def run_load(served, n: int, seed: int) -> dict:
     assert len(results) == n
     finishes = Counter(str(r.finish) for r in results)
     assert all(r.finals == 1 for r in results), "a request did not end exactly once"
-    assert not [r for r in results if r.finish not in (FinishReason.STOP, FinishReason.LENGTH)], finishes
+    assert not [r for r in results if r.finish not in (FinishReason.STOP, FinishReason.LENGTH)], (
+        finishes
+    )
     constrained = [r for r in results if r.kind != "free"]
     stopped = [r for r in constrained if r.finish == FinishReason.STOP]
     invalid = []
     for r in stopped:
-        reasoning, content = parser.split(r.ids[:-1], think_prompt if r.thinking else answer_prompt,
-                                          not r.thinking)
+        reasoning, content = parser.split(
+            r.ids[:-1], think_prompt if r.thinking else answer_prompt, not r.thinking
+        )
         text = content or ""
         if r.thinking:
-            text = text.lstrip("\n")  # the separator after </think> is the family's, not the answer's
+            text = text.lstrip(
+                "\n"
+            )  # the separator after </think> is the family's, not the answer's
         try:
             ok = SPECS[r.kind][1](text)
         except (ValueError, KeyError, AssertionError, jsonschema.ValidationError):
@@ -199,15 +272,26 @@ def run_load(served, n: int, seed: int) -> dict:
             invalid.append((r.kind, r.thinking, text[:200]))
     by_kind = Counter((r.kind, r.thinking) for r in stopped)
     figures = {
-        "requests": n, "seconds": round(took, 1), "requests/s": round(n / took, 1),
-        "finishes": dict(finishes), "constrained": len(constrained), "constrained stopped": len(stopped),
+        "requests": n,
+        "seconds": round(took, 1),
+        "requests/s": round(n / took, 1),
+        "finishes": dict(finishes),
+        "constrained": len(constrained),
+        "constrained stopped": len(stopped),
         "thinking": sum(r.thinking for r in results),
         "tokens": sum(len(r.ids) for r in results),
-        "stopped by kind": {f"{k}{' (thinking)' if t else ''}": v for (k, t), v in sorted(by_kind.items())},
+        "stopped by kind": {
+            f"{k}{' (thinking)' if t else ''}": v for (k, t), v in sorted(by_kind.items())
+        },
         "invalid": len(invalid),
         "engine RSS MiB": (round(before / 1024), round(after / 1024)),
-        "left in the engine": (health.num_requests, health.num_guides, health.num_compiling,
-                               health.num_running, health.num_waiting),
+        "left in the engine": (
+            health.num_requests,
+            health.num_guides,
+            health.num_compiling,
+            health.num_running,
+            health.num_waiting,
+        ),
     }
     print(f"\nload {n}: {figures}")
     assert invalid == [], invalid[:5]
@@ -224,7 +308,6 @@ def test_load_5000_then_1000_more(served):
     cached grammars); the second must find the memory where the first left it."""
     first = run_load(served, 5000, seed=2)
     second = run_load(served, 1000, seed=3)
-    grew = second["engine RSS MiB"][1] - first["engine RSS MiB"][1]
-    print(f"engine RSS: {first['engine RSS MiB'][0]} MiB idle, {first['engine RSS MiB'][1]} after 5,000, "
-          f"{second['engine RSS MiB'][1]} after 1,000 more")
-    assert grew < 64, (first, second)
+    (idle, after_first), (_, after_second) = first["engine RSS MiB"], second["engine RSS MiB"]
+    print(f"engine RSS (MiB): {idle} idle, {after_first} after 5,000, {after_second} after 1,000")
+    assert after_second - after_first < 64, (first, second)

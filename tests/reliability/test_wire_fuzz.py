@@ -50,9 +50,22 @@ STATS: Counter[str] = Counter()
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     yield from serve(
-        ["--model", "random", "--reasoning-parser", "qwen3", "--max-num-seqs", "64",
-         "--max-model-len", str(MAX_MODEL_LEN), "--compile-timeout-s", "5", "--seed", "11"],
-        tmp_path_factory, "fuzz",
+        [
+            "--model",
+            "random",
+            "--reasoning-parser",
+            "qwen3",
+            "--max-num-seqs",
+            "64",
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--compile-timeout-s",
+            "5",
+            "--seed",
+            "11",
+        ],
+        tmp_path_factory,
+        "fuzz",
     )
 
 
@@ -140,15 +153,33 @@ def exercise(address: str, frames_list: list[list[bytes]]) -> None:
 
 # ----- strategies ------------------------------------------------------------------
 
-EDGE_INTS = [0, 1, -1, 2, VOCAB - 1, VOCAB, 2**31 - 1, 2**31, 2**32, 2**53 + 1,
-             2**63 - 1, 2**63, 2**64 - 1, -(2**31), -(2**63)]
+EDGE_INTS = [
+    0,
+    1,
+    -1,
+    2,
+    VOCAB - 1,
+    VOCAB,
+    2**31 - 1,
+    2**31,
+    2**32,
+    2**53 + 1,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+    -(2**31),
+    -(2**63),
+]
 INT = st.one_of(st.integers(-(2**63), 2**64 - 1), st.sampled_from(EDGE_INTS))
-SCALAR = st.one_of(st.none(), st.booleans(), INT, st.floats(), st.text(max_size=12),
-                   st.binary(max_size=12))
+SCALAR = st.one_of(
+    st.none(), st.booleans(), INT, st.floats(), st.text(max_size=12), st.binary(max_size=12)
+)
 VALUE = st.recursive(
     SCALAR,
-    lambda inner: st.one_of(st.lists(inner, max_size=4),
-                            st.dictionaries(st.one_of(st.text(max_size=8), INT), inner, max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=8), INT), inner, max_size=4),
+    ),
     max_leaves=12,
 )
 SPECS = [
@@ -163,7 +194,10 @@ SPECS = [
     ("choice", "[]"),
     ("grammar", 'root ::= "a" root | "b"'),
     ("grammar", "root ::= missing"),
-    ("structural_tag", '{"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}'),
+    (
+        "structural_tag",
+        '{"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}',
+    ),
     ("structural_tag", '{"type": "nonsense"}'),
     ("yaml", "a: 1"),
     ("", ""),
@@ -173,9 +207,17 @@ SPECS = [
 @st.composite
 def requests(draw) -> EngineCoreRequest:
     """Well-typed requests with adversarial values."""
-    kind, value = draw(st.one_of(st.sampled_from(SPECS), st.tuples(
-        st.sampled_from(["json_schema", "regex", "grammar", "choice", "structural_tag", "x"]),
-        st.text(max_size=24))))
+    kind, value = draw(
+        st.one_of(
+            st.sampled_from(SPECS),
+            st.tuples(
+                st.sampled_from(
+                    ["json_schema", "regex", "grammar", "choice", "structural_tag", "x"]
+                ),
+                st.text(max_size=24),
+            ),
+        )
+    )
     sp = SamplingParams(
         temperature=draw(st.one_of(st.floats(), st.sampled_from([0.0, 1.0]))),
         top_p=draw(st.one_of(st.floats(), st.just(1.0))),
@@ -186,12 +228,21 @@ def requests(draw) -> EngineCoreRequest:
         stop_token_ids=draw(st.lists(st.one_of(INT, st.integers(0, VOCAB - 1)), max_size=3)),
         ignore_eos=draw(st.booleans()),
     )
-    kwargs = draw(st.one_of(st.none(), st.dictionaries(
-        st.one_of(st.text(max_size=16), st.just("enable_thinking")), VALUE, max_size=3)))
+    kwargs = draw(
+        st.one_of(
+            st.none(),
+            st.dictionaries(
+                st.one_of(st.text(max_size=16), st.just("enable_thinking")), VALUE, max_size=3
+            ),
+        )
+    )
     return EngineCoreRequest(
         request_id=draw(st.text(max_size=10)),
-        prompt_token_ids=draw(st.one_of(
-            st.just(PROMPT), st.lists(st.one_of(st.integers(0, VOCAB - 1), INT), max_size=8))),
+        prompt_token_ids=draw(
+            st.one_of(
+                st.just(PROMPT), st.lists(st.one_of(st.integers(0, VOCAB - 1), INT), max_size=8)
+            )
+        ),
         sampling_params=sp,
         structured_output=draw(st.one_of(st.none(), st.just(StructuredOutputSpec(kind, value)))),
         reasoning_ended=draw(st.one_of(st.none(), st.booleans())),
@@ -221,8 +272,11 @@ def plausible_requests(draw) -> EngineCoreRequest:
         sampling_params=sp,
         structured_output=draw(st.one_of(st.none(), st.just(StructuredOutputSpec(kind, value)))),
         reasoning_ended=draw(st.one_of(st.none(), st.booleans())),
-        reasoning_parser_kwargs=draw(st.sampled_from(
-            [None, {}, {"enable_thinking": False}, {"enable_thinking": [1]}, {"x": {2: 3}}])),
+        reasoning_parser_kwargs=draw(
+            st.sampled_from(
+                [None, {}, {"enable_thinking": False}, {"enable_thinking": [1]}, {"x": {2: 3}}]
+            )
+        ),
         reasoning_budget=draw(st.sampled_from([None, 0, 4])),
     )
 
@@ -238,8 +292,14 @@ def mangled(draw) -> list[bytes]:
     """A request or another message whose encoding is then broken: a field replaced
     by a value of any type, unknown fields appended, fields cut off, bytes cut off,
     or sent under another message type."""
-    msg = draw(st.one_of(requests(), st.builds(AbortRequests, st.lists(st.text(max_size=6))),
-                         st.builds(HealthRequest, INT), st.builds(Hello, INT, st.text(max_size=8))))
+    msg = draw(
+        st.one_of(
+            requests(),
+            st.builds(AbortRequests, st.lists(st.text(max_size=6))),
+            st.builds(HealthRequest, INT),
+            st.builds(Hello, INT, st.text(max_size=8)),
+        )
+    )
     head, payload = _frames(msg)
     fields = msgspec.msgpack.decode(payload)
     op = draw(st.sampled_from(["replace", "append", "cut_fields", "cut_bytes", "retype", "map"]))
@@ -263,17 +323,23 @@ def mangled(draw) -> list[bytes]:
 FRAMES = st.one_of(
     st.lists(st.binary(max_size=40), min_size=1, max_size=4),  # random bytes, any frame count
     st.tuples(st.integers(0, 255), VALUE).map(  # any type byte, any msgpack value
-        lambda t: [bytes([t[0]]), msgspec.msgpack.encode(t[1])]),
+        lambda t: [bytes([t[0]]), msgspec.msgpack.encode(t[1])]
+    ),
     mangled(),
     requests().map(_frames),
     plausible_requests().map(_frames),
     st.builds(Hello, st.one_of(INT, st.just(PROTOCOL_VERSION)), st.text(max_size=8)).map(_frames),
-    st.one_of(st.builds(HealthRequest, INT), st.builds(Heartbeat, st.floats()),
-              st.builds(AbortRequests, st.lists(st.text(max_size=4), max_size=3)),
-              st.builds(Goodbye, st.text(max_size=8))).map(_frames),
+    st.one_of(
+        st.builds(HealthRequest, INT),
+        st.builds(Heartbeat, st.floats()),
+        st.builds(AbortRequests, st.lists(st.text(max_size=4), max_size=3)),
+        st.builds(Goodbye, st.text(max_size=8)),
+    ).map(_frames),
 )
 
-_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_SETTINGS = dict(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 def _fuzz(served, examples: int, derandomize: bool) -> None:
@@ -286,8 +352,10 @@ def _fuzz(served, examples: int, derandomize: bool) -> None:
     with background(served.loop, served.client, concurrency=6):
         one()
     health = served.run(served.client.health)
-    print(f"fuzz: {examples} examples, {STATS['frames sent']} frames in "
-          f"{time.monotonic() - t0:.0f} s; engine after: {health}")
+    print(
+        f"fuzz: {examples} examples, {STATS['frames sent']} frames in "
+        f"{time.monotonic() - t0:.0f} s; engine after: {health}"
+    )
     assert served.engine.proc.poll() is None
 
 
@@ -305,7 +373,9 @@ def test_fuzzed_frames_long(served):
 # ----- named bad inputs --------------------------------------------------------------
 
 
-def _expect_error(peer: RawPeer, frames: list[bytes], contains: str, request_id: str | None = None) -> ErrorNotice:
+def _expect_error(
+    peer: RawPeer, frames: list[bytes], contains: str, request_id: str | None = None
+) -> ErrorNotice:
     peer.send(frames)
     STATS["named bad frames"] += 1
     msg = peer.recv(30)
@@ -335,27 +405,69 @@ def test_named_bad_frames(served):
             _expect_error(peer, [b"", req], "1 byte")
             _expect_error(peer, [b"\x02\x02", req], "1 byte")
             # random bytes, truncated, wrong types, a map where an array belongs
-            _expect_error(peer, [bytes([MsgType.REQUEST]), b"\xc1\xff\x00garbage"], "malformed request")
+            _expect_error(
+                peer, [bytes([MsgType.REQUEST]), b"\xc1\xff\x00garbage"], "malformed request"
+            )
             for cut in (0, 1, 5, len(req) - 1):
                 _expect_error(peer, [bytes([MsgType.REQUEST]), req[:cut]], "malformed request")
-            _expect_error(peer, _frames_of(["wrongtype", "not a list"]), "malformed request", "wrongtype")
-            _expect_error(peer, _frames_of(["t2", PROMPT, {"temperature": "hot"}]), "malformed request", "t2")
-            _expect_error(peer, _frames_of(["t3", PROMPT, [1.0, 1.0, 0, None, "many"]]), "malformed", "t3")
-            _expect_error(peer, [bytes([MsgType.REQUEST]), msgspec.msgpack.encode(
-                {"request_id": "m", "prompt_token_ids": PROMPT})], "malformed request")
-            _expect_error(peer, [bytes([MsgType.ABORT]), msgspec.msgpack.encode([[1, 2]])], "malformed abort")
+            _expect_error(
+                peer, _frames_of(["wrongtype", "not a list"]), "malformed request", "wrongtype"
+            )
+            _expect_error(
+                peer, _frames_of(["t2", PROMPT, {"temperature": "hot"}]), "malformed request", "t2"
+            )
+            _expect_error(
+                peer, _frames_of(["t3", PROMPT, [1.0, 1.0, 0, None, "many"]]), "malformed", "t3"
+            )
+            _expect_error(
+                peer,
+                [
+                    bytes([MsgType.REQUEST]),
+                    msgspec.msgpack.encode({"request_id": "m", "prompt_token_ids": PROMPT}),
+                ],
+                "malformed request",
+            )
+            _expect_error(
+                peer, [bytes([MsgType.ABORT]), msgspec.msgpack.encode([[1, 2]])], "malformed abort"
+            )
             # messages only the engine sends
-            for msg in (Handshake(PROTOCOL_VERSION, "m", "t", 1, None, 1, 1),
-                        EngineCoreOutputs([]), HealthReply(1, 0, 0, 0), ErrorNotice("x")):
+            for msg in (
+                Handshake(PROTOCOL_VERSION, "m", "t", 1, None, 1, 1),
+                EngineCoreOutputs([]),
+                HealthReply(1, 0, 0, 0),
+                ErrorNotice("x"),
+            ):
                 _expect_error(peer, _frames(msg), "unexpected")
             # a payload nested far deeper than any message: must not reach the IO thread's stack
-            deep = b"\x96" + msgspec.msgpack.encode("deep")[0:] + msgspec.msgpack.encode(PROMPT) \
-                + b"\x90\xc0\xc3\x81\xa1k" + b"\x91" * 200_000 + b"\xc0"
+            deep = (
+                b"\x96"
+                + msgspec.msgpack.encode("deep")[0:]
+                + msgspec.msgpack.encode(PROMPT)
+                + b"\x90\xc0\xc3\x81\xa1k"
+                + b"\x91" * 200_000
+                + b"\xc0"
+            )
             _expect_error(peer, [bytes([MsgType.REQUEST]), deep], "malformed request")
-            _expect_error(peer, [bytes([MsgType.HELLO]), b"\x91" * 200_000 + b"\xc0"], "malformed hello")
+            _expect_error(
+                peer, [bytes([MsgType.HELLO]), b"\x91" * 200_000 + b"\xc0"], "malformed hello"
+            )
             # unknown trailing fields are ignored (a newer peer's additions): it runs
-            peer.send(_frames_of(["unknown-fields", PROMPT, [1.0, 1.0, 0, 1, 3, 0, [], True],
-                                  None, None, None, None, 0.0, "extra", {"more": [1, 2]}]))
+            peer.send(
+                _frames_of(
+                    [
+                        "unknown-fields",
+                        PROMPT,
+                        [1.0, 1.0, 0, 1, 3, 0, [], True],
+                        None,
+                        None,
+                        None,
+                        None,
+                        0.0,
+                        "extra",
+                        {"more": [1, 2]},
+                    ]
+                )
+            )
             reply, got = peer.health(7)
             assert reply.nonce == 7
             done = [o for o in outputs_of(got) if o.finished]
@@ -363,10 +475,15 @@ def test_named_bad_frames(served):
                 msg = peer.recv(30)
                 assert msg is not None
                 done = [o for o in outputs_of([msg]) if o.finished]
-            assert done[0].request_id == "unknown-fields" and done[0].finish_reason == FinishReason.LENGTH
+            assert (
+                done[0].request_id == "unknown-fields"
+                and done[0].finish_reason == FinishReason.LENGTH
+            )
             # an abort of ids never seen, and a duplicate id in flight
             peer.send_msg(AbortRequests(["never-seen", ""]))
-            peer.send_msg(EngineCoreRequest("dup", PROMPT, SamplingParams(max_tokens=500, ignore_eos=True)))
+            peer.send_msg(
+                EngineCoreRequest("dup", PROMPT, SamplingParams(max_tokens=500, ignore_eos=True))
+            )
             peer.send_msg(EngineCoreRequest("dup", PROMPT, SamplingParams(max_tokens=5)))
             peer.send_msg(AbortRequests(["dup"]))
             _, got = peer.health(8)
@@ -374,7 +491,9 @@ def test_named_bad_frames(served):
             assert sorted(str(o.finish_reason) for o in finals) == ["abort", "error"], finals
             assert any("already in use" in (o.error or "") for o in finals)
             # and reused once it ended
-            peer.send_msg(EngineCoreRequest("dup", PROMPT, SamplingParams(max_tokens=3, ignore_eos=True)))
+            peer.send_msg(
+                EngineCoreRequest("dup", PROMPT, SamplingParams(max_tokens=3, ignore_eos=True))
+            )
             final = _final(peer, "dup")
             assert final.finish_reason == FinishReason.LENGTH
         finally:
@@ -409,14 +528,26 @@ def test_values_that_crashed_the_engine_end_their_own_request(served):
     int64, chat-template kwargs whose keys cannot be sorted or that nest too deeply)."""
     # kwargs nested so deep that they decode on the IO thread, yet cannot be serialised
     # on the engine's main thread (built by hand: too deep for this stack to encode)
-    nested = (b"\x96" + msgspec.msgpack.encode("nested-kwargs") + msgspec.msgpack.encode(PROMPT)
-              + b"\x90\xc0\xc2" + b"\x81\xa1k" * 985 + b"\x80")
+    nested = (
+        b"\x96"
+        + msgspec.msgpack.encode("nested-kwargs")
+        + msgspec.msgpack.encode(PROMPT)
+        + b"\x90\xc0\xc2"
+        + b"\x81\xa1k" * 985
+        + b"\x80"
+    )
     cases = {
         "neg-seed": EngineCoreRequest("neg-seed", PROMPT, SamplingParams(seed=-1)),
-        "huge-seed": EngineCoreRequest("huge-seed", PROMPT, SamplingParams(seed=2**64 - 1, max_tokens=2)),
+        "huge-seed": EngineCoreRequest(
+            "huge-seed", PROMPT, SamplingParams(seed=2**64 - 1, max_tokens=2)
+        ),
         "huge-top-k": EngineCoreRequest("huge-top-k", PROMPT, SamplingParams(top_k=2**64 - 1)),
-        "mixed-keys": EngineCoreRequest("mixed-keys", PROMPT, reasoning_ended=False,
-                                        reasoning_parser_kwargs={"a": {1: 2, "b": 3}}),
+        "mixed-keys": EngineCoreRequest(
+            "mixed-keys",
+            PROMPT,
+            reasoning_ended=False,
+            reasoning_parser_kwargs={"a": {1: 2, "b": 3}},
+        ),
     }
     with background(served.loop, served.client):
         peer = RawPeer(served.client.address)
@@ -458,16 +589,22 @@ def test_huge_arrays(served):
             o = _final(peer, "huge-prompt")
             assert o.finish_reason == FinishReason.ERROR and "max_model_len" in o.error, o
             # valid, if odd: it runs, and ends
-            peer.send_msg(EngineCoreRequest("huge-stops", PROMPT, SamplingParams(
-                max_tokens=8, stop_token_ids=big)))
+            peer.send_msg(
+                EngineCoreRequest(
+                    "huge-stops", PROMPT, SamplingParams(max_tokens=8, stop_token_ids=big)
+                )
+            )
             o = _final(peer, "huge-stops")
             assert o.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), o
-            peer.send_msg(EngineCoreRequest("bad-stops", PROMPT, SamplingParams(
-                stop_token_ids=[*big, VOCAB])))
+            peer.send_msg(
+                EngineCoreRequest("bad-stops", PROMPT, SamplingParams(stop_token_ids=[*big, VOCAB]))
+            )
             o = _final(peer, "bad-stops")
             assert o.finish_reason == FinishReason.ERROR and "stop token" in o.error, o
             peer.send_msg(AbortRequests([str(i) for i in range(1_000_000)]))
-            peer.send_msg(EngineCoreRequest("many-huge", [1] * 2_000_000, SamplingParams(max_tokens=1)))
+            peer.send_msg(
+                EngineCoreRequest("many-huge", [1] * 2_000_000, SamplingParams(max_tokens=1))
+            )
             assert _final(peer, "many-huge").finish_reason == FinishReason.ERROR
             peer.health(2)
             took = time.monotonic() - t0
@@ -511,8 +648,17 @@ def test_a_request_over_the_frame_limit_is_refused_by_the_client(served):
     huge = EngineCoreRequest("too-big", [151_643] * (DEFAULT_MAX_FRAME_BYTES // 5 + 1))
 
     async def body():
-        others = [asyncio.create_task(_drain(client, EngineCoreRequest(
-            f"beside-{i}", PROMPT, SamplingParams(max_tokens=40, ignore_eos=True)))) for i in range(8)]
+        others = [
+            asyncio.create_task(
+                _drain(
+                    client,
+                    EngineCoreRequest(
+                        f"beside-{i}", PROMPT, SamplingParams(max_tokens=40, ignore_eos=True)
+                    ),
+                )
+            )
+            for i in range(8)
+        ]
         await asyncio.sleep(0.2)
         with pytest.raises(ValueError, match="frame limit"):
             async for _ in client.generate(huge):
