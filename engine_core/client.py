@@ -27,6 +27,7 @@ import zmq
 
 from ipc import (
     DEFAULT_MAX_FRAME_BYTES,
+    NOT_GREETED,
     PROTOCOL_VERSION,
     AbortRequests,
     Codec,
@@ -240,13 +241,29 @@ class EngineClient:
             if f is not None and not f.done():
                 f.set_result(msg)
         elif isinstance(msg, ErrorNotice):
-            if msg.request_id is not None and msg.request_id in self._streams:
+            if msg.message == NOT_GREETED and self._hello.done():
+                self._forgotten()
+            elif msg.request_id is not None and msg.request_id in self._streams:
                 self._streams[msg.request_id].put_nowait(RequestOutput(
                     msg.request_id, [], FinishReason.ERROR, error=msg.message))
             elif not self._hello.done():
                 self._hello.set_exception(EngineStartError(msg.message))
             else:
                 log.warning("engine error: %s", msg.message)
+
+    def _forgotten(self) -> None:
+        """The engine no longer knows this client: it dropped it (silent past the
+        engine's client timeout, say while this process was stopped, or not reading),
+        and with it every request in flight. End each of their streams with an error,
+        and say HELLO again so that new requests are served."""
+        lost, self._streams = self._streams, {}
+        for rid, q in lost.items():
+            q.put_nowait(RequestOutput(rid, [], FinishReason.ERROR, error=(
+                "the engine dropped this client (silent past the engine's client timeout, or "
+                "not reading its outputs) and the request with it")))
+        log.warning("the engine dropped this client; %d requests lost; saying HELLO again",
+                    len(lost))
+        self._send(Hello(PROTOCOL_VERSION, self.identity.hex()))
 
     def _fail_all(self, reason: str) -> None:
         err = EngineDeadError(reason)

@@ -16,6 +16,7 @@ import zmq
 
 from ipc import (
     DEFAULT_MAX_FRAME_BYTES,
+    NOT_GREETED,
     PROTOCOL_VERSION,
     AbortRequests,
     Codec,
@@ -134,7 +135,7 @@ class EngineServer:
             return
         if client not in self._clients:
             self._reply(client, ErrorNotice(
-                "send HELLO first", msg.request_id if isinstance(msg, EngineCoreRequest) else None))
+                NOT_GREETED, msg.request_id if isinstance(msg, EngineCoreRequest) else None))
             return
         self._clients[client] = now
         if isinstance(msg, Heartbeat):

@@ -14,6 +14,10 @@ import msgspec
 #: bumped whenever a struct below changes incompatibly
 PROTOCOL_VERSION = 1
 
+#: `ErrorNotice.message` for a frame from a client the engine does not know: one that
+#: never said HELLO, or one it dropped (silent past its timeout, or not reading)
+NOT_GREETED = "send HELLO first"
+
 
 class MsgType(IntEnum):
     # front end -> engine
