@@ -331,6 +331,39 @@ def test_a_dead_or_frozen_front_end_leaves_no_orphan_work(served, how):
     assert took < CLIENT_TIMEOUT_S + 10
 
 
+def test_a_front_end_frozen_past_its_timeout_gets_every_request_ended_when_it_thaws(served):
+    """Frozen (a long GC pause, a debugger, a swapped-out host) past --client-timeout-s,
+    a front end has its requests dropped by the engine. When it thaws, each of its
+    streams must still end (with an error that says why), not wait forever; and it
+    must be served again."""
+    n = 10
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    log_before = served.engine.log()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability.frozen_client", served.client.address, str(n)],
+        stdout=subprocess.PIPE, env=env, cwd=ROOT, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
+        os.kill(proc.pid, signal.SIGSTOP)
+        _wait(lambda: f"dropped {n} requests of client" in served.engine.log()[len(log_before):],
+              CLIENT_TIMEOUT_S + 30, "the engine drops the frozen client")
+        os.kill(proc.pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - thawed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    ended = [line for line in out.splitlines() if line.startswith("ended ")]
+    assert len(ended) == n, out
+    assert all("error" in line and "dropped" in line for line in ended), out
+    assert "after-thaw length None" in out and out.rstrip().endswith("done"), out
+    FIGURES["front end frozen past its timeout"] = f"{n} streams ended {took:.1f} s after it thawed"
+
+
 def test_a_compile_worker_killed_mid_compile_costs_nobody(served):
     """Killed from outside mid-compile (the OOM killer, an operator), a worker is
     replaced and the compile tried once more: the request runs as if nothing had
