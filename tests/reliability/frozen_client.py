@@ -19,7 +19,9 @@ async def main(address: str, n: int) -> None:
     seen: set[str] = set()
 
     async def run(i: int) -> None:
-        req = EngineCoreRequest(f"frozen-{i}", PROMPT, SamplingParams(max_tokens=20_000, ignore_eos=True))
+        req = EngineCoreRequest(
+            f"frozen-{i}", PROMPT, SamplingParams(max_tokens=20_000, ignore_eos=True)
+        )
         finals = []
         try:
             async for out in client.generate(req):
@@ -40,9 +42,14 @@ async def main(address: str, n: int) -> None:
     await asyncio.gather(*tasks)
     # and the engine serves this client again
     last = None
-    async for out in client.generate(EngineCoreRequest("after-thaw", PROMPT, SamplingParams(max_tokens=3))):
+    async for out in client.generate(
+        EngineCoreRequest("after-thaw", PROMPT, SamplingParams(max_tokens=3))
+    ):
         last = out
-    print(f"after-thaw {last.finish_reason if last else None} {last.error if last else None}", flush=True)
+    print(
+        f"after-thaw {last.finish_reason if last else None} {last.error if last else None}",
+        flush=True,
+    )
     print("done", flush=True)
     await client.close()
 

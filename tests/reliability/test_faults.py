@@ -341,14 +341,20 @@ def test_a_front_end_frozen_past_its_timeout_gets_every_request_ended_when_it_th
     log_before = served.engine.log()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.reliability.frozen_client", served.client.address, str(n)],
-        stdout=subprocess.PIPE, env=env, cwd=ROOT, text=True,
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+        text=True,
     )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "running"
         os.kill(proc.pid, signal.SIGSTOP)
-        _wait(lambda: f"dropped {n} requests of client" in served.engine.log()[len(log_before):],
-              CLIENT_TIMEOUT_S + 30, "the engine drops the frozen client")
+        _wait(
+            lambda: f"dropped {n} requests of client" in served.engine.log()[len(log_before) :],
+            CLIENT_TIMEOUT_S + 30,
+            "the engine drops the frozen client",
+        )
         os.kill(proc.pid, signal.SIGCONT)
         thawed = time.monotonic()
         out, _ = proc.communicate(timeout=60)
