@@ -27,6 +27,7 @@ import zmq
 
 from ipc import (
     DEFAULT_MAX_FRAME_BYTES,
+    NOT_GREETED,
     PROTOCOL_VERSION,
     AbortRequests,
     Codec,
@@ -214,7 +215,7 @@ class EngineClient:
             return
         if now - self._last_beat >= HEARTBEAT_S and self.handshake is not None:
             self._last_beat = now
-            self._send(Heartbeat(time.time()))
+            self._pump.send(self._codec_io.encode(Heartbeat(time.time())))  # this thread's codec
         reason = None
         if self.proc is not None and self.proc.poll() is not None:
             reason = f"the engine process exited with code {self.proc.returncode}"
@@ -240,13 +241,29 @@ class EngineClient:
             if f is not None and not f.done():
                 f.set_result(msg)
         elif isinstance(msg, ErrorNotice):
-            if msg.request_id is not None and msg.request_id in self._streams:
+            if msg.message == NOT_GREETED and self._hello.done():
+                self._forgotten()
+            elif msg.request_id is not None and msg.request_id in self._streams:
                 self._streams[msg.request_id].put_nowait(RequestOutput(
                     msg.request_id, [], FinishReason.ERROR, error=msg.message))
             elif not self._hello.done():
                 self._hello.set_exception(EngineStartError(msg.message))
             else:
                 log.warning("engine error: %s", msg.message)
+
+    def _forgotten(self) -> None:
+        """The engine no longer knows this client: it dropped it (silent past the
+        engine's client timeout, say while this process was stopped, or not reading),
+        and with it every request in flight. End each of their streams with an error,
+        and say HELLO again so that new requests are served."""
+        lost, self._streams = self._streams, {}
+        for rid, q in lost.items():
+            q.put_nowait(RequestOutput(rid, [], FinishReason.ERROR, error=(
+                "the engine dropped this client (silent past the engine's client timeout, or "
+                "not reading its outputs) and the request with it")))
+        log.warning("the engine dropped this client; %d requests lost; saying HELLO again",
+                    len(lost))
+        self._send(Hello(PROTOCOL_VERSION, self.identity.hex()))
 
     def _fail_all(self, reason: str) -> None:
         err = EngineDeadError(reason)
@@ -290,11 +307,17 @@ class EngineClient:
         rid = request.request_id
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in flight")
+        frames = self._codec.encode(request)
+        if len(frames[1]) > DEFAULT_MAX_FRAME_BYTES:
+            # the engine's socket would drop the connection, and with it every other
+            # stream's outputs in flight; refuse here instead
+            raise ValueError(f"request {rid!r} encodes to {len(frames[1])} bytes, over the "
+                             f"engine's frame limit of {DEFAULT_MAX_FRAME_BYTES}")
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[rid] = q
         stops = _StopStrings(stop, self.tokenizer()) if stop else None
         finished = False
-        self._send(request)
+        self._pump.send(frames)
         try:
             while True:
                 item = await q.get()

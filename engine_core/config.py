@@ -18,6 +18,8 @@ class EngineConfig:
     reasoning_parser: str | None = None
     reasoning_parser_plugin: str | None = None
     max_num_seqs: int = 256
+    #: requests held beyond the running batch; one more is refused with an error
+    max_waiting: int = 4096
     max_model_len: int = 32768
     seed: int = 0
     #: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available)
@@ -29,6 +31,8 @@ class EngineConfig:
     parent_pid: int | None = None
     #: a client silent for this long has its requests dropped
     client_timeout_s: float = 10.0
+    #: outgoing messages queued for a client that does not read, before it is dropped
+    client_backlog: int = 10_000
     script: str | None = None
     forward_ms: float = 0.0
     closing_bias: float = 3.0
@@ -37,6 +41,10 @@ class EngineConfig:
     compile_workers: int = 2
     compile_timeout_s: float = 10.0
     grammar_cache_mb: int = 512
+    #: a compiled grammar larger than this, serialized, ends its request with an error
+    max_compiled_grammar_mb: int = 256
+    #: address-space cap of each compile worker
+    compile_worker_memory_mb: int = 8192
     max_spec_bytes: int = 1 << 20
     json_max_whitespace: int = 16
     fill_batch_threshold: int = 64
@@ -86,6 +94,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     a("--reasoning-parser", default=None, help="the reasoning parser that gates grammars")
     a("--reasoning-parser-plugin", default=None, help="module or .py file registering parsers")
     a("--max-num-seqs", type=int, default=d.max_num_seqs)
+    a("--max-waiting", type=int, default=d.max_waiting,
+      help="requests held beyond the running batch; more are refused with an error")
     a("--max-model-len", type=int, default=d.max_model_len)
     a("--seed", type=int, default=d.seed)
     a("--device", default=d.device, help="cpu | cuda | cuda:N | auto")
@@ -93,6 +103,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     a("--allow-remote", action="store_true", help="allow binding a non-loopback TCP address")
     a("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     a("--client-timeout-s", type=float, default=d.client_timeout_s)
+    a("--client-backlog", type=int, default=d.client_backlog,
+      help="messages queued for a client that does not read before the engine drops it")
     a("--script", default=None, help="script file of the scripted model")
     a("--forward-ms", type=float, default=d.forward_ms, help="fixed cost per forward (ms)")
     a("--closing-bias", type=float, default=d.closing_bias)
@@ -101,7 +113,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     a("--compile-workers", type=int, default=d.compile_workers)
     a("--compile-timeout-s", type=float, default=d.compile_timeout_s)
     a("--grammar-cache-mb", type=int, default=d.grammar_cache_mb)
+    a("--max-compiled-grammar-mb", type=int, default=d.max_compiled_grammar_mb,
+      help="refuse a grammar whose compiled form, serialized, is larger (the engine needs "
+      "several times this to load it)")
     a("--max-spec-bytes", type=int, default=d.max_spec_bytes)
+    a("--compile-worker-memory-mb", type=int, default=d.compile_worker_memory_mb,
+      help="address-space cap of each compile worker; a compile past it fails its request")
     a("--json-max-whitespace", type=int, default=d.json_max_whitespace)
     a("--fill-batch-threshold", type=int, default=d.fill_batch_threshold)
     a("--log-level", default=d.log_level)

@@ -19,7 +19,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from .config import EngineConfig
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ class EngineCore:
                 compile_workers=config.compile_workers,
                 compile_timeout_s=config.compile_timeout_s,
                 cache_bytes=config.grammar_cache_mb << 20,
+                max_compiled_bytes=config.max_compiled_grammar_mb << 20,
+                worker_memory_bytes=config.compile_worker_memory_mb << 20,
                 fill_batch_threshold=config.fill_batch_threshold,
             ),
             pin_memory=self.device.startswith("cuda"),
@@ -89,15 +95,15 @@ class EngineCore:
         """Queue a request; a request that cannot run is answered at once with an error."""
         try:
             spec = self._check(client, req)
+            r = EngineRequest(
+                client,
+                req,
+                model_stop_ids=self.model_stop_ids,
+                model_seed=int(self.rng.integers(1 << 62)),
+                spec=spec,
+            )
         except (GrammarError, ReasoningError, ValueError) as e:
             return [(client, _final(req.request_id, FinishReason.ERROR, error=str(e)))]
-        r = EngineRequest(
-            client,
-            req,
-            model_stop_ids=self.model_stop_ids,
-            model_seed=int(self.rng.integers(1 << 62)),
-            spec=spec,
-        )
         if spec is not None:
             r.grammar = self.so.submit(spec)
         self.requests[r.key] = r
@@ -108,10 +114,14 @@ class EngineCore:
         sp = req.sampling_params
         if (client, req.request_id) in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
+        held, limit = len(self.requests), self.config.max_num_seqs + self.config.max_waiting
+        if held >= limit:
+            raise ValueError(
+                f"the engine is full: it holds {held} requests ({self.config.max_num_seqs} "
+                f"running, {self.config.max_waiting} waiting at most); retry later"
+            )
         if not req.prompt_token_ids:
             raise ValueError("the prompt is empty")
-        if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= self.vocab_rows:
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_rows})")
         if sp.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
         if len(req.prompt_token_ids) + sp.max_tokens > self.config.max_model_len:
@@ -119,8 +129,12 @@ class EngineCore:
                 f"prompt ({len(req.prompt_token_ids)} tokens) plus max_tokens ({sp.max_tokens}) "
                 f"exceeds the engine's max_model_len of {self.config.max_model_len}"
             )
-        if not sp.temperature >= 0 or not 0 < sp.top_p <= 1 or sp.top_k < 0:
-            raise ValueError("need temperature >= 0, 0 < top_p <= 1 and top_k >= 0")
+        if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= self.vocab_rows:
+            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_rows})")
+        if not sp.temperature >= 0 or not 0 < sp.top_p <= 1 or not 0 <= sp.top_k < 1 << 63:
+            raise ValueError("need temperature >= 0, 0 < top_p <= 1 and 0 <= top_k < 2**63")
+        if sp.seed is not None and not 0 <= sp.seed < 1 << 64:
+            raise ValueError("seed must lie in [0, 2**64)")
         if not 0 <= sp.min_tokens <= sp.max_tokens:
             raise ValueError("min_tokens must lie between 0 and max_tokens")
         if any(not 0 <= t < self.vocab_rows for t in sp.stop_token_ids):
@@ -152,9 +166,12 @@ class EngineCore:
         return len(mine)
 
     def _forget(self, r: EngineRequest) -> None:
-        # A grammar still compiling is left to finish: requests with the same spec
-        # share its future, and the result lands in the cache either way.
+        # A grammar still compiling is never cancelled here: requests with the same
+        # spec share its future. The compile service skips a compile that no request
+        # wants any more if it has not started; one that has runs on, and is cached.
         self.requests.pop(r.key, None)
+        if r.grammar is not None and r.spec is not None and not r.grammar.done():
+            self.so.release(r.spec, r.grammar)
 
     @property
     def has_work(self) -> bool:
@@ -190,7 +207,7 @@ class EngineCore:
                 still.append(r)
                 continue
             try:
-                compiled = r.grammar.result() if r.grammar is not None else None
+                compiled = _grammar_of(r.grammar)
                 r.guide = self.so.make_guide(
                     compiled,
                     prompt_token_ids=r.prompt_token_ids,
@@ -343,6 +360,19 @@ class EngineCore:
         self._model_thread.shutdown(wait=True)
         self.runner.close()
         self.so.close()
+
+
+def _grammar_of(f: Future[xgr.CompiledGrammar] | None) -> xgr.CompiledGrammar | None:
+    """The grammar of a finished compile. Its error is raised as a new GrammarError:
+    re-raising the stored one (``f.result()``) would tie the raising frames, and the
+    batch they hold, to a future other requests share, until the garbage collector
+    ran."""
+    if f is None:
+        return None
+    exc = f.exception()
+    if exc is not None:
+        raise GrammarError(str(exc))
+    return f.result()
 
 
 def _final(request_id: str, reason: FinishReason, *, error: str | None = None) -> EngineCoreOutput:

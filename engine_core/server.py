@@ -16,9 +16,11 @@ import zmq
 
 from ipc import (
     DEFAULT_MAX_FRAME_BYTES,
+    NOT_GREETED,
     PROTOCOL_VERSION,
     AbortRequests,
     Codec,
+    EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     ErrorNotice,
@@ -75,6 +77,7 @@ class EngineServer:
         self._codec_main = Codec()
         self._codec_io = Codec()
         self._clients: dict[bytes, float] = {}  # IO thread only: last frame time
+        self._pending: list[tuple[bytes, EngineCoreOutput]] = []  # main thread: outputs to send
         self._last_beat = 0.0
         self.handshake = Handshake(
             protocol_version=PROTOCOL_VERSION,
@@ -87,14 +90,19 @@ class EngineServer:
             extra_special_tokens=list(config.extra_special_tokens),
             device=self.core.device,
         )
-        self.pump = SocketPump(self._make_socket, self._on_frames, on_tick=self._on_tick, tick_s=0.1,
+        self.pump = SocketPump(self._make_socket, self._on_frames, on_tick=self._on_tick,
+                               on_disconnect=self._on_disconnect,
+                               on_undeliverable=self._on_undeliverable, tick_s=0.1,
                                name="thinkgate-engine-io")
 
     # ----- IO thread --------------------------------------------------------------
 
     def _make_socket(self, ctx: zmq.Context) -> zmq.Socket:
         sock = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.SNDHWM, 0)
+        # A client that does not read may queue this many messages; past that (or once
+        # its connection is gone) sends to it fail, and the engine drops it.
+        sock.setsockopt(zmq.SNDHWM, self.config.client_backlog)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, DEFAULT_MAX_FRAME_BYTES)
         sock.setsockopt(zmq.LINGER, 1000)
@@ -127,7 +135,7 @@ class EngineServer:
             return
         if client not in self._clients:
             self._reply(client, ErrorNotice(
-                "send HELLO first", msg.request_id if isinstance(msg, EngineCoreRequest) else None))
+                NOT_GREETED, msg.request_id if isinstance(msg, EngineCoreRequest) else None))
             return
         self._clients[client] = now
         if isinstance(msg, Heartbeat):
@@ -140,6 +148,23 @@ class EngineServer:
             self.inbox.put((client, msg))
             return
         self._reply(client, ErrorNotice(f"unexpected {type(msg).__name__} message"))
+
+    def _on_undeliverable(self, frames: list[bytes], reason: str) -> None:
+        client = frames[0]
+        if client not in self._clients:
+            return  # already dropped (or never greeted): nothing more to do
+        del self._clients[client]
+        if reason == "blocked":
+            log.warning("client %s does not read: %d messages wait for it; dropping its requests",
+                        client.hex(), self.config.client_backlog)
+        else:
+            log.warning("client %s is gone (its connection closed); dropping its requests",
+                        client.hex())
+        self.inbox.put((client, CLIENT_GONE))
+
+    def _on_disconnect(self, endpoint: str) -> None:
+        log.info("a client connection closed on %s (the client left, or sent a frame over "
+                 "the %d MiB limit)", endpoint, DEFAULT_MAX_FRAME_BYTES >> 20)
 
     def _on_tick(self) -> None:
         now = time.monotonic()
@@ -182,19 +207,26 @@ class EngineServer:
                     except queue.Empty:
                         break
                 if core.has_work:
-                    self._send(core.step())
+                    self._pending += core.step()
+                self._send_pending()
         finally:
             self._shutdown()
 
     def _handle(self, client: bytes, msg: object) -> None:
         core = self.core
         if isinstance(msg, EngineCoreRequest):
-            self._send(core.add_request(client, msg))
+            self._pending += core.add_request(client, msg)
         elif isinstance(msg, AbortRequests):
-            self._send(core.abort(client, msg.request_ids))
+            self._pending += core.abort(client, msg.request_ids)
         elif isinstance(msg, HealthRequest):
+            self._send_pending()  # a reply comes after the outputs of what came before it
+            so = core.so
             self._reply_main(client, HealthReply(
-                msg.nonce, len(core.running), len(core.waiting), core.num_steps))
+                msg.nonce, len(core.running), len(core.waiting), core.num_steps,
+                num_requests=len(core.requests), num_guides=so.num_guides,
+                num_compiling=so.num_compiling, num_cached_grammars=so.num_cached_grammars,
+                num_clients=len(self._clients),  # the IO thread's dict; len() is atomic
+            ))
         elif msg is CLIENT_GONE:
             n = core.drop_client(client)
             if n:
@@ -202,6 +234,13 @@ class EngineServer:
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested by client %s: %s", client.hex(), msg.reason)
             self.stopping.set()
+
+    def _send_pending(self) -> None:
+        """Send the outputs gathered since the last call, one message per client: a
+        burst of refused requests is a few messages, not one per request."""
+        if self._pending:
+            self._send(self._pending)
+            self._pending = []
 
     def _reply_main(self, client: bytes, msg) -> None:
         self.pump.send([client, *self._codec_main.encode(msg)])
@@ -218,6 +257,7 @@ class EngineServer:
 
     def _shutdown(self) -> None:
         core = self.core
+        self._send_pending()
         pending = list(core.requests.values())
         out = []
         for r in pending:

@@ -2,6 +2,7 @@
 
 from .codec import Codec, WireError
 from .messages import (
+    NOT_GREETED,
     PROTOCOL_VERSION,
     AbortRequests,
     EngineCoreOutput,
@@ -31,6 +32,7 @@ from .transport import (
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "NOT_GREETED",
     "PROTOCOL_VERSION",
     "AbortRequests",
     "AddressError",

@@ -44,14 +44,16 @@ class Codec:
             raise WireError(f"unknown message type {head[0]}") from None
         try:
             return self._decoders[mtype].decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+            # msgspec raises RecursionError for values nested too deeply (a payload of
+            # a few hundred kilobytes can nest that far); it is the frame's fault too
             rid = self._request_id(payload) if mtype == MsgType.REQUEST else None
             raise WireError(f"malformed {mtype.name.lower()} message: {e}", rid) from None
 
     def _request_id(self, payload: bytes) -> str | None:
         try:
             raw = self._raw.decode(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return None
         if isinstance(raw, list) and raw and isinstance(raw[0], str) and len(raw[0]) <= 512:
             return raw[0]

@@ -14,6 +14,10 @@ import msgspec
 #: bumped whenever a struct below changes incompatibly
 PROTOCOL_VERSION = 1
 
+#: `ErrorNotice.message` for a frame from a client the engine does not know: one that
+#: never said HELLO, or one it dropped (silent past its timeout, or not reading)
+NOT_GREETED = "send HELLO first"
+
 
 class MsgType(IntEnum):
     # front end -> engine
@@ -132,6 +136,18 @@ class HealthReply(_Wire):
     num_running: int
     num_waiting: int
     num_steps: int
+    # What the engine still holds, so a test or an operator can see that nothing is
+    # left behind once the work is done. Trailing fields with defaults: a peer that
+    # knows only the four above reads these replies, and these read its replies.
+    #: requests the engine tracks (waiting or running, not yet ended)
+    num_requests: int = 0
+    #: per-request guides (reasoning tracker and grammar matcher) still alive
+    num_guides: int = 0
+    #: grammar compiles queued or running
+    num_compiling: int = 0
+    num_cached_grammars: int = 0
+    #: clients heard from within the client timeout
+    num_clients: int = 0
 
 
 class Heartbeat(_Wire):

@@ -79,7 +79,15 @@ class SocketPump:
     ``make_socket(ctx)`` is called inside the IO thread (a bind error is re-raised
     from `start`). Each received multipart message goes to ``on_frames`` (called in
     the IO thread; it must not block). `send` may be called from any thread.
-    ``on_tick`` runs in the IO thread every ``tick_s`` seconds.
+    ``on_tick`` runs in the IO thread every ``tick_s`` seconds; ``on_disconnect`` there
+    too, with the endpoint, whenever a peer's connection closes (ZeroMQ also closes
+    the connection of a peer that sent a frame over ``MAXMSGSIZE``).
+
+    ``on_undeliverable(frames, reason)``, for a ROUTER socket with ``ROUTER_MANDATORY``,
+    gets each outgoing message its peer cannot take: ``"blocked"`` (the peer's queue
+    reached ``SNDHWM``: it does not read) or ``"gone"`` (no such peer any more). The
+    message is dropped and the pump sends on to the other peers. Without it, a full
+    queue holds every message back until the next wake-up.
     """
 
     def __init__(
@@ -88,12 +96,16 @@ class SocketPump:
         on_frames: Callable[[list[bytes]], None],
         *,
         on_tick: Callable[[], None] | None = None,
+        on_disconnect: Callable[[str], None] | None = None,
+        on_undeliverable: Callable[[list[bytes], str], None] | None = None,
         tick_s: float = 0.1,
         name: str = "thinkgate-io",
     ) -> None:
         self._make_socket = make_socket
         self._on_frames = on_frames
         self._on_tick = on_tick
+        self._on_disconnect = on_disconnect
+        self._on_undeliverable = on_undeliverable
         self._tick_s = tick_s
         self._out: deque[list[bytes]] = deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -154,6 +166,10 @@ class SocketPump:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        monitor = None
+        if self._on_disconnect is not None:
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            poller.register(monitor, zmq.POLLIN)
         next_tick = time.monotonic() + self._tick_s
         try:
             while not self._stopping.is_set():
@@ -161,6 +177,8 @@ class SocketPump:
                 events = dict(poller.poll(timeout_ms))
                 if events.get(sock):
                     self._receive(sock)
+                if monitor is not None and events.get(monitor):
+                    self._disconnects(monitor)
                 if events.get(self._wake_r):
                     try:
                         os.read(self._wake_r, 65536)
@@ -176,7 +194,23 @@ class SocketPump:
         except Exception:
             log.exception("IO thread failed")
         finally:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
             sock.close(linger=1000)
+
+    def _disconnects(self, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        assert self._on_disconnect is not None
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            endpoint = event.get("endpoint", b"")
+            self._on_disconnect(endpoint.decode(errors="replace") if isinstance(endpoint, bytes)
+                                else str(endpoint))
 
     def _receive(self, sock: zmq.Socket) -> None:
         for _ in range(1024):  # bounded, so that sending is never starved
@@ -184,7 +218,12 @@ class SocketPump:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._on_frames(frames)
+            try:
+                self._on_frames(frames)
+            except Exception:
+                # A peer's message must never end the IO thread (the process would go
+                # deaf while still alive): a handler that fails costs that message only.
+                log.exception("dropped a message whose handler failed")
 
     def _flush(self, sock: zmq.Socket) -> None:
         out = self._out
@@ -193,7 +232,13 @@ class SocketPump:
             try:
                 sock.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
+                if self._on_undeliverable is not None:
+                    self._on_undeliverable(frames, "blocked")
+                    continue
                 out.appendleft(frames)  # peer's queue is full: retry on the next wake-up
                 return
             except zmq.ZMQError as e:  # e.g. an unroutable peer that went away
-                log.warning("dropped an outgoing message: %s", e)
+                if self._on_undeliverable is not None and e.errno == zmq.EHOSTUNREACH:
+                    self._on_undeliverable(frames, "gone")
+                else:
+                    log.warning("dropped an outgoing message: %s", e)

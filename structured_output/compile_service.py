@@ -78,11 +78,13 @@ class GrammarCache:
 
 
 class _Job:
-    __slots__ = ("spec", "future")
+    __slots__ = ("spec", "future", "wanted")
 
     def __init__(self, spec: GrammarSpec) -> None:
         self.spec = spec
         self.future: Future[xgr.CompiledGrammar] = Future()
+        #: how many submissions still want this compile (requests share one job)
+        self.wanted = 1
 
 
 class _Worker:
@@ -143,6 +145,7 @@ class CompileService:
         timeout_s: float = 10.0,
         cache_bytes: int = 512 << 20,
         worker_memory_bytes: int = 8 << 30,
+        max_compiled_bytes: int = 256 << 20,
         worker_start_timeout_s: float = 120.0,
     ) -> None:
         self.options = options
@@ -158,6 +161,7 @@ class CompileService:
                 max_whitespace=options.max_whitespace,
                 max_spec_bytes=options.max_spec_bytes,
                 memory_limit_bytes=worker_memory_bytes,
+                max_compiled_bytes=max_compiled_bytes,
             )
         )
         self._start_timeout_s = worker_start_timeout_s
@@ -192,7 +196,27 @@ class CompileService:
             if job is None:
                 job = self._inflight[spec] = _Job(spec)
                 self._jobs.put(job)
+            else:
+                job.wanted += 1
         return job.future
+
+    def release(self, spec: GrammarSpec, future: Future[xgr.CompiledGrammar]) -> None:
+        """A submission of ``spec`` no longer wants its grammar (its request ended).
+        A compile nobody wants any more is skipped if it has not started; one that has
+        started runs on (bounded by the time limit) and is cached. The future is never
+        cancelled under another request that shares it."""
+        with self._lock:
+            job = self._inflight.get(spec)
+            if job is None or job.future is not future:
+                return
+            job.wanted -= 1
+            if job.wanted <= 0 and job.future.cancel():
+                del self._inflight[spec]
+
+    @property
+    def num_pending(self) -> int:
+        """Compiles queued or running."""
+        return len(self._inflight)
 
     def close(self) -> None:
         with self._lock:
@@ -204,13 +228,58 @@ class CompileService:
 
     def _finish(self, job: _Job, grammar: xgr.CompiledGrammar | None, error: str | None) -> None:
         with self._lock:
-            self._inflight.pop(job.spec, None)
+            if self._inflight.get(job.spec) is job:
+                del self._inflight[job.spec]
         if grammar is not None:
             self.cache.put(job.spec, grammar)
             self.num_compiled += 1
             job.future.set_result(grammar)
         else:
             job.future.set_exception(GrammarError(error or "grammar compilation failed"))
+
+    def _start_worker(self) -> _Worker | None:
+        try:
+            worker = _Worker(self._init, self._start_timeout_s)
+        except (OSError, RuntimeError) as e:
+            log.error("cannot start a grammar compile worker: %s", e)
+            return None
+        log.info("grammar compile worker %d is ready", worker.proc.pid)
+        return worker
+
+    def _compile(
+        self, worker: _Worker, job: _Job, deadline: float
+    ) -> tuple[CompileReply | None, _Worker | None]:
+        """Run ``job`` on ``worker`` by ``deadline``. Returns the reply (None: the time
+        limit passed, or the compiler died) and the worker to use next (None: it was
+        killed). A worker that dies on the job is replaced and the job tried once more,
+        within the same deadline: the death may be no fault of the job's (the worker
+        was killed from outside, or had died just before), and one that is the job's
+        fault happens again."""
+        for attempt in (1, 2):
+            job_id = next(self._ids)
+            try:
+                write_frame(worker.stdin, msgspec.msgpack.encode(
+                    CompileJob(job_id, job.spec.kind.value, job.spec.value)))
+            except OSError:
+                reply = None
+            else:
+                reply = worker.read(deadline - time.monotonic())
+            if reply is not None and reply.job_id == job_id:
+                return reply, worker
+            # No reply before the deadline: its pipe closed, so it died. (poll() cannot
+            # tell yet: a process closes its files before it becomes a zombie.)
+            died = reply is None and time.monotonic() < deadline
+            worker.kill()
+            if not died or attempt == 2:
+                return None, None
+            log.warning("grammar compile worker %d died (code %s) on a %s; trying it once "
+                        "more on a new worker", worker.proc.pid, worker.proc.returncode,
+                        job.spec.kind.value)
+            new = self._start_worker()
+            if new is None:
+                return None, None
+            worker = new
+        return None, None
 
     def _dispatch(self) -> None:
         import xgrammar as xgr
@@ -219,30 +288,27 @@ class CompileService:
         try:
             while True:
                 if worker is None and not self._closed:
-                    try:
-                        worker = _Worker(self._init, self._start_timeout_s)
-                    except (OSError, RuntimeError) as e:
-                        log.error("cannot start a grammar compile worker: %s", e)
+                    worker = self._start_worker()
                 job = self._jobs.get()
                 if job is None:
                     return
+                if not job.future.set_running_or_notify_cancel():
+                    continue  # released by every request that wanted it
+                if worker is not None and worker.proc.poll() is not None:
+                    # it died idle (killed, say): that is no fault of this job's
+                    log.warning("grammar compile worker %d exited (code %s) while idle; "
+                                "starting another", worker.proc.pid, worker.proc.returncode)
+                    worker.kill()
+                    worker = None
+                if worker is None:  # the last start failed, or the worker died idle: try now
+                    worker = self._start_worker()
                 if worker is None:
                     self._finish(job, None, "no grammar compile worker is available")
                     continue
-                job_id = next(self._ids)
                 deadline = time.monotonic() + self.timeout_s
-                try:
-                    write_frame(worker.stdin, msgspec.msgpack.encode(
-                        CompileJob(job_id, job.spec.kind.value, job.spec.value)))
-                except OSError:
-                    reply = None
-                else:
-                    reply = worker.read(self.timeout_s)
-                if reply is None or reply.job_id != job_id:
-                    timed_out = worker.proc.poll() is None and time.monotonic() >= deadline
-                    worker.kill()
-                    worker = None
-                    if timed_out:
+                reply, worker = self._compile(worker, job, deadline)
+                if reply is None:
+                    if time.monotonic() >= deadline:
                         self.num_timeouts += 1
                         msg = (f"{job.spec.kind.value} compilation exceeded the time limit of "
                                f"{self.timeout_s:g} s")

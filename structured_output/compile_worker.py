@@ -8,8 +8,11 @@ costs one request, not the engine. The pipe carries length-prefixed msgspec fram
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
+import threading
+import time
 from typing import BinaryIO
 
 import msgspec
@@ -25,6 +28,8 @@ class WorkerInit(msgspec.Struct, array_like=True):
     max_whitespace: int
     max_spec_bytes: int
     memory_limit_bytes: int = 0
+    #: the largest compiled grammar sent back, in bytes of its serialized form (0: any)
+    max_compiled_bytes: int = 0
 
 
 class CompileJob(msgspec.Struct, array_like=True):
@@ -56,7 +61,22 @@ def read_frame(stream: BinaryIO) -> bytes | None:
     return data if len(data) == size else None
 
 
+def _exit_with_parent(poll_s: float = 0.5) -> None:
+    """End this process once its parent (the engine) is gone. A worker in the middle
+    of a long compile reads nothing from its pipe, so it would not notice otherwise,
+    and would compile on, orphaned, for as long as the grammar takes."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main() -> int:
+    _exit_with_parent()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the pipe
     enc = msgspec.msgpack.Encoder()
@@ -88,7 +108,15 @@ def main() -> int:
         job = dec.decode(raw)
         try:
             compiled = compile_spec(compiler, GrammarSpec.of(job.kind, job.value), options, specials)
-            reply = CompileReply(job.job_id, True, grammar_json=compiled.serialize_json())
+            text = compiled.serialize_json()
+            if 0 < init.max_compiled_bytes < len(text):
+                # the engine would need several times this to load it
+                reply = CompileReply(job.job_id, False, error=(
+                    f"the compiled grammar is too large: {len(text) >> 20} MiB serialized, "
+                    f"over the limit of {init.max_compiled_bytes >> 20} MiB"))
+            else:
+                reply = CompileReply(job.job_id, True, grammar_json=text)
+            del compiled, text
         except GrammarError as e:
             reply = CompileReply(job.job_id, False, error=str(e))
         except MemoryError:

@@ -74,6 +74,7 @@ class RequestGuide:
         "_matcher_alive",
         "_forced",
         "_token_bytes",
+        "__weakref__",
     )
 
     def __init__(

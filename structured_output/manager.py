@@ -4,13 +4,14 @@ kwargs, request guides, and the bitmask filler."""
 from __future__ import annotations
 
 import json
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reasoning import ReasoningParser, create_reasoning_parser
+from reasoning import ReasoningError, ReasoningParser, create_reasoning_parser
 
 from .bitmask import BitmaskFiller, FilledMask
 from .compile_service import CompileService
@@ -32,6 +33,9 @@ class StructuredOutputConfig:
     compile_timeout_s: float = 10.0
     cache_bytes: int = 512 << 20
     worker_memory_bytes: int = 8 << 30
+    #: a compiled grammar larger than this (serialized, as it travels from its worker)
+    #: is refused: loading it costs the engine several times as much
+    max_compiled_bytes: int = 256 << 20
     fill_batch_threshold: int = 64
     fill_threads: int = 2
 
@@ -54,6 +58,7 @@ class StructuredOutputManager:
         )
         self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
         self._separators: dict[bytes, SeparatorTable] = {}
+        self._guides: weakref.WeakSet[RequestGuide] = weakref.WeakSet()
         if reasoning_parser is not None:
             self.parser_for(None)  # a parser that cannot serve this vocabulary stops start-up
         self.tokenizer_info = tokenizer_info_for(tokenizer)
@@ -65,6 +70,7 @@ class StructuredOutputManager:
             timeout_s=config.compile_timeout_s,
             cache_bytes=config.cache_bytes,
             worker_memory_bytes=config.worker_memory_bytes,
+            max_compiled_bytes=config.max_compiled_bytes,
         )
         self.filler = BitmaskFiller(
             max_num_seqs,
@@ -80,7 +86,13 @@ class StructuredOutputManager:
         (cached; raises the parser's error for kwargs it cannot use)."""
         if self.reasoning_parser_name is None:
             return None
-        key = json.dumps(kwargs or {}, sort_keys=True, default=str)
+        try:
+            key = json.dumps(kwargs or {}, sort_keys=True, default=str)
+        except (TypeError, ValueError, RecursionError) as e:
+            # from the wire: a nested mapping with keys of mixed types, or nesting too deep
+            raise ReasoningError(
+                f"reasoning_parser_kwargs must be JSON-like, with string keys: {e}"
+            ) from None
         parser = self._parsers.get(key)
         if parser is None:
             parser = create_reasoning_parser(self.reasoning_parser_name, self.tokenizer, kwargs)
@@ -93,6 +105,10 @@ class StructuredOutputManager:
 
     def submit(self, spec: GrammarSpec) -> Future[xgr.CompiledGrammar]:
         return self.compiler.submit(spec)
+
+    def release(self, spec: GrammarSpec, future: Future[xgr.CompiledGrammar]) -> None:
+        """The request that submitted ``spec`` ended before using its grammar."""
+        self.compiler.release(spec, future)
 
     def make_guide(
         self,
@@ -123,7 +139,7 @@ class StructuredOutputManager:
             separator = self._separators.get(sep)
             if separator is None:
                 separator = self._separators[sep] = SeparatorTable(sep, self.tokenizer.all_token_bytes)
-        return RequestGuide(
+        guide = RequestGuide(
             tracker,
             matcher,
             separator=separator,
@@ -132,6 +148,21 @@ class StructuredOutputManager:
             budget=reasoning_budget,
             token_bytes=self.tokenizer.all_token_bytes,
         )
+        self._guides.add(guide)
+        return guide
+
+    @property
+    def num_guides(self) -> int:
+        """Guides still alive (anything still holding one keeps it counted)."""
+        return len(self._guides)
+
+    @property
+    def num_compiling(self) -> int:
+        return self.compiler.num_pending
+
+    @property
+    def num_cached_grammars(self) -> int:
+        return len(self.compiler.cache)
 
     def fill(self, rows: Sequence[int], guides: Sequence[RequestGuide]) -> FilledMask:
         return self.filler.fill(rows, guides)

@@ -1,0 +1,317 @@
+"""Adversarial grammars, one request each, sent to a live engine while well-formed
+requests run beside them. Each ends its own request with a clear error within the
+compile time limit (plus the time to restart a worker), or compiles and runs with
+valid output; the engine's memory stays bounded; the others are unaffected."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import pytest
+
+from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
+
+from .conftest import serve
+from .support import PROMPT, background, rss_kib
+
+COMPILE_TIMEOUT_S = 8
+#: a worker killed at its time limit (or dead) is replaced; a retry may wait for it
+MARGIN_S = 30
+WORKER_MEMORY_MB = 3072
+RESULTS: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    yield from serve(
+        [
+            "--model",
+            "random",
+            "--max-num-seqs",
+            "64",
+            "--compile-timeout-s",
+            str(COMPILE_TIMEOUT_S),
+            "--compile-worker-memory-mb",
+            str(WORKER_MEMORY_MB),
+            "--seed",
+            "31",
+        ],
+        tmp_path_factory,
+        "grammars",
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    yield
+    print("\nadversarial grammars:\n  " + "\n  ".join(RESULTS))
+
+
+def _nested(depth: int, key: str) -> dict:
+    s: dict[str, Any] = {"type": "integer"}
+    for i in range(depth):
+        s = {
+            key: [s, {"type": "object", "properties": {f"k{i}": s}}, {"type": "array", "items": s}]
+        }
+    return s
+
+
+TOOL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "q": {"type": "string"},
+        "n": {"type": "integer"},
+        "mode": {"enum": ["a", "b", "c"]},
+    },
+    "required": ["q"],
+}
+
+
+def _tools_tag(n: int) -> dict:
+    tags = [
+        {
+            "type": "tag",
+            "begin": {"type": "token", "token": "<tool_call>"},
+            "content": {
+                "type": "sequence",
+                "elements": [
+                    {"type": "const_string", "value": f'\n{{"name": "tool_{i}", "arguments": '},
+                    {"type": "json_schema", "json_schema": TOOL_SCHEMA, "max_whitespace_cnt": 4},
+                    {"type": "const_string", "value": "}\n"},
+                ],
+            },
+            "end": {"type": "token", "token": "</tool_call>"},
+        }
+        for i in range(n)
+    ]
+    return {
+        "type": "structural_tag",
+        "format": {
+            "type": "tags_with_separator",
+            "separator": "\n",
+            "at_least_one": True,
+            "tags": tags,
+        },
+    }
+
+
+def _tool_calls_valid(n: int):
+    def check(text: str) -> bool:
+        calls = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", text, flags=re.S)
+        rest = re.sub(r"<tool_call>\n.*?\n</tool_call>", "", text, flags=re.S)
+        if not calls or rest.strip():
+            return False
+        for c in calls:
+            obj = json.loads(c)
+            assert re.fullmatch(r"tool_\d+", obj["name"]) and int(obj["name"][5:]) < n
+            jsonschema.validate(obj["arguments"], TOOL_SCHEMA)
+        return True
+
+    return check
+
+
+def _balanced(text: str) -> bool:
+    """``a ::= "(" b ")" | "x"; b ::= a a | a``, by recursive descent."""
+    pos = 0
+
+    def a() -> bool:
+        nonlocal pos
+        if text.startswith("x", pos):
+            pos += 1
+            return True
+        if not text.startswith("(", pos):
+            return False
+        pos += 1
+        if not a():
+            return False
+        if not text.startswith(")", pos):
+            if not a():
+                return False
+        if not text.startswith(")", pos):
+            return False
+        pos += 1
+        return True
+
+    return a() and pos == len(text)
+
+
+@dataclass
+class Case:
+    kind: str
+    value: str
+    #: "error": must end with an error whose message contains one of ``errors``;
+    #: "runs": must compile and run, valid when it stops; "either": one or the other
+    expect: str
+    errors: tuple[str, ...] = ()
+    valid: Any = None
+    max_tokens: int = 64
+
+
+TOO_BIG = ("time limit", "too large", "compiler failed")
+CASES: dict[str, Case] = {
+    "nested_oneOf_depth6": Case("json_schema", json.dumps(_nested(6, "oneOf")), "error", TOO_BIG),
+    "nested_anyOf_depth8": Case("json_schema", json.dumps(_nested(8, "anyOf")), "error", TOO_BIG),
+    "nested_anyOf_depth3": Case(
+        "json_schema",
+        json.dumps(_nested(3, "anyOf")),
+        "runs",
+        valid=lambda t: jsonschema.validate(json.loads(t), _nested(3, "anyOf")) is None,
+        max_tokens=256,
+    ),
+    "enum_100000": Case(
+        "json_schema",
+        json.dumps({"enum": [str(i) for i in range(100_000)]}, separators=(",", ":")),
+        "either",
+        TOO_BIG,
+        valid=lambda t: 0 <= int(json.loads(t)) < 100_000,
+    ),
+    "schema_10MB": Case(
+        "json_schema",
+        json.dumps({"type": "object", "description": "x" * 10_000_000}),
+        "error",
+        ("over the limit",),
+    ),
+    "regex_star_star": Case(
+        "regex", "(a*)*b", "runs", valid=lambda t: re.fullmatch("a*b", t) is not None
+    ),
+    "regex_counted_counted": Case("regex", "a{1000}{1000}", "error", ("invalid regex",)),
+    "regex_exponential": Case(
+        "regex", "(x+x+)+y", "runs", valid=lambda t: re.fullmatch("x{2,}y", t) is not None
+    ),
+    "regex_count_100000": Case(
+        "regex", "a{100000}", "runs", valid=lambda t: False
+    ),  # cannot end in 64
+    "regex_nested_counts": Case(
+        "regex",
+        "((a{1,100}){1,100}){1,100}",
+        "runs",
+        valid=lambda t: re.fullmatch("a+", t) is not None and len(t) <= 10**6,
+    ),
+    "ebnf_left_recursive": Case(
+        "grammar",
+        'root ::= a\na ::= a "x" | "y"',
+        "runs",
+        valid=lambda t: re.fullmatch("yx*", t) is not None,
+    ),
+    "ebnf_mutual_recursive": Case(
+        "grammar",
+        'root ::= a\na ::= "(" b ")" | "x"\nb ::= a a | a',
+        "runs",
+        valid=_balanced,
+        max_tokens=256,
+    ),
+    "ebnf_no_base_case": Case(
+        "grammar", 'root ::= "(" root ")"', "either", ("invalid grammar",), valid=lambda t: False
+    ),
+    "ebnf_undefined_rule": Case("grammar", "root ::= missing", "error", ("invalid grammar",)),
+    "structural_tag_100_tools": Case(
+        "structural_tag",
+        json.dumps(_tools_tag(100)),
+        "runs",
+        valid=_tool_calls_valid(100),
+        max_tokens=256,
+    ),
+    "structural_tag_500_tools": Case(
+        "structural_tag",
+        json.dumps(_tools_tag(500)),
+        "either",
+        TOO_BIG,
+        valid=_tool_calls_valid(500),
+        max_tokens=256,
+    ),
+}
+
+
+def test_adversarial_grammars(served):
+    client = served.client
+    tok = client.tokenizer()
+    pid = served.engine.pid
+    start_rss = rss_kib(pid)
+    peak = start_rss
+    with background(served.loop, served.client):
+        for name, case in CASES.items():
+            req = EngineCoreRequest(
+                f"adv-{name}",
+                PROMPT,
+                SamplingParams(max_tokens=case.max_tokens, seed=1),
+                StructuredOutputSpec(case.kind, case.value),
+            )
+            t0 = time.monotonic()
+            ids, final = served.run(lambda req=req: _collect(client, req))
+            took = time.monotonic() - t0
+            rss = rss_kib(pid)
+            peak = max(peak, rss)
+            ok = final.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+            what = f"{final.finish_reason}" + (
+                f": {final.error}" if final.error else f", {len(ids)} tokens"
+            )
+            RESULTS.append(
+                f"{name} ({len(case.value) / 1e6:.2f} MB spec): {what} in {took:.1f} s; "
+                f"engine RSS {rss / 1024:.0f} MiB"
+            )
+            if case.expect == "error":
+                assert not ok, (name, what)
+            elif case.expect == "runs":
+                assert ok, (name, what)
+            if not ok:
+                assert final.finish_reason == FinishReason.ERROR and any(
+                    e in final.error for e in case.errors
+                ), (name, what)
+                assert took < COMPILE_TIMEOUT_S + MARGIN_S, (name, took)
+            elif final.finish_reason == FinishReason.STOP:
+                text = tok.decode(ids[:-1])
+                assert case.valid(text), (name, text[:200])
+        # a grammar nobody else asked for did not stall the batch: the background ran on
+    health = served.run(client.health)
+    end_rss = rss_kib(pid)
+    RESULTS.append(
+        f"engine RSS {start_rss / 1024:.0f} MiB before, {peak / 1024:.0f} MiB at most, "
+        f"{end_rss / 1024:.0f} MiB after; {health}"
+    )
+    assert (health.num_requests, health.num_guides, health.num_compiling) == (0, 0, 0), health
+    # bounded: the serialized-size limit keeps every load under a few times 256 MiB
+    assert peak - start_rss < 3 * 1024 * 1024, (start_rss, peak)
+    assert served.engine.proc.poll() is None
+
+
+async def _collect(client, req):
+    ids: list[int] = []
+    final = None
+    async for out in client.generate(req):
+        ids += out.new_token_ids
+        if out.finished:
+            assert final is None
+            final = out
+    return ids, final
+
+
+def test_a_compiled_grammar_over_the_size_limit_is_refused(qwen3):
+    """The engine loads a compiled grammar from its JSON form, which costs it several
+    times the text (an 800-property schema serialises to 280 MB, and loading that
+    took 2.5 GB); past ``max_compiled_bytes`` the worker refuses to send it."""
+    from structured_output import CompileOptions, GrammarError, GrammarSpec, tokenizer_info_for
+    from structured_output.compile_service import CompileService
+
+    svc = CompileService(
+        qwen3,
+        CompileOptions(),
+        tokenizer_info_for(qwen3),
+        num_workers=1,
+        timeout_s=60,
+        max_compiled_bytes=1 << 20,
+    )
+    try:
+        with pytest.raises(
+            GrammarError,
+            match=r"compiled grammar is too large: \d+ MiB serialized, "
+            r"over the limit of 1 MiB",
+        ):
+            svc.submit(GrammarSpec.of("json_object")).result(120)
+        svc.submit(GrammarSpec.of("regex", "[a-c]{2}")).result(120)  # small ones pass
+    finally:
+        svc.close()
