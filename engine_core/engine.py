@@ -174,6 +174,15 @@ class EngineCore:
             self.so.release(r.spec, r.grammar)
 
     @property
+    def num_running(self) -> int:
+        """Requests in the batch (an aborted one leaves it at the next step)."""
+        return sum(r.status == Status.RUNNING for r in self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(r.status == Status.WAITING for r in self.waiting)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.running) or bool(self.waiting)
 

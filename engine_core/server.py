@@ -222,7 +222,7 @@ class EngineServer:
             self._send_pending()  # a reply comes after the outputs of what came before it
             so = core.so
             self._reply_main(client, HealthReply(
-                msg.nonce, len(core.running), len(core.waiting), core.num_steps,
+                msg.nonce, core.num_running, core.num_waiting, core.num_steps,
                 num_requests=len(core.requests), num_guides=so.num_guides,
                 num_compiling=so.num_compiling, num_cached_grammars=so.num_cached_grammars,
                 num_clients=len(self._clients),  # the IO thread's dict; len() is atomic
