@@ -1,5 +1,6 @@
-"""``thinkgate bench fill|apply|e2e``: measure the engine's structured-output paths
-side by side with the usual way. See bench/README.md."""
+"""``thinkgate bench fill|apply|e2e|latency``: measure the engine's structured-output
+paths side by side with the usual way, and the engine process around the model. See
+bench/README.md."""
 
 from __future__ import annotations
 
@@ -116,6 +117,16 @@ def parser() -> argparse.ArgumentParser:
         default=list(states.GRAMMARS),
         help="constrained requests take these in turn",
     )
+    p = sub.add_parser(
+        "latency",
+        help="the engine process: 1-token round trip through the client, steps per second",
+    )
+    _common(p, iters=0, warmup=20)
+    p.add_argument(
+        "--requests", type=int, default=1000, help="1-token requests timed (default 1000)"
+    )
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 256], help="default 1,256")
+    p.add_argument("--seconds", type=float, default=10.0, help="steps counted over (default 10)")
     return ap
 
 
@@ -127,13 +138,22 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"thinkgate bench {args.bench}: {why}")
         return 0
+    timed = (
+        f"{args.requests} requests" if args.bench == "latency" else f"{args.iters} timed iterations"
+    )
     print(
         f"thinkgate bench {args.bench}: device {device_name(args.device)}, seed {args.seed}, "
-        f"{args.iters} timed iterations after {args.warmup} warm-up",
+        f"{timed} after {args.warmup} warm-up",
         flush=True,
     )
     t0 = time.perf_counter()
-    if args.bench == "e2e":
+    if args.bench == "latency":
+        from . import latency
+
+        records = latency.run(args)
+        if args.plot:
+            latency.plot(records, args.plot)
+    elif args.bench == "e2e":
         from . import e2e
 
         records = e2e.run(args)

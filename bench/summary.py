@@ -51,6 +51,22 @@ def e2e(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def latency(records: list[dict]) -> str:
+    lines = ["| measurement | batch | p50 (ms) | p90 (ms) | steps/s |", "|---|---:|---:|---:|---:|"]
+    for r in records:
+        x = r["extra"]
+        what = "1-token round trip" if x["what"] == "round_trip_1_token" else "engine step"
+        rate = f"{x['steps_per_s']:.1f}" if "steps_per_s" in x else "-"
+        lines.append(
+            f"| {what} | {r['batch_size']} | {r['median_us'] / 1e3:.2f} "
+            f"| {r['p90_us'] / 1e3:.2f} | {rate} |"
+        )
+    return "\n".join(lines)
+
+
+TABLES = {"e2e": e2e, "latency": latency}
+
+
 def main(argv: list[str] | None = None) -> int:
     for path in sys.argv[1:] if argv is None else argv:
         records = json.loads(Path(path).read_text())
@@ -64,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{min(r['extra']['loadavg_1m'] for r in records)}-"
             f"{max(r['extra']['loadavg_1m'] for r in records)}.\n"
         )
-        print((e2e if records[0]["bench"] == "e2e" else pairs)(records))
+        print(TABLES.get(records[0]["bench"], pairs)(records))
         print()
     return 0
 

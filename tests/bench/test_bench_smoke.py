@@ -69,6 +69,38 @@ def test_cuda_skips_cleanly_without_cuda(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: the CUDA paths run instead of skipping")
-    for bench in ("fill", "apply", "e2e"):
+    for bench in ("fill", "apply", "e2e", "latency"):
         assert main([bench, "--device", "cuda"]) == 0
         assert "skipped" in capsys.readouterr().out
+
+
+def test_latency(tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    args = [
+        "latency",
+        "--requests",
+        "20",
+        "--warmup",
+        "2",
+        "--batch-sizes",
+        "1,4",
+        "--seconds",
+        "0.5",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+    ]
+    assert main(args) == 0
+    records = _records(out)
+    assert [(r["extra"]["what"], r["batch_size"]) for r in records] == [
+        ("round_trip_1_token", 1),
+        ("steps", 1),
+        ("steps", 4),
+    ]
+    assert all(r["median_us"] > 0 for r in records)
+    assert records[0]["iters"] == 20
+    assert png.stat().st_size > 0
+    capsys.readouterr()
+    assert summary.main([str(out)]) == 0
+    assert "1-token round trip" in capsys.readouterr().out
