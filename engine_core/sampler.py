@@ -161,16 +161,18 @@ class Sampler:
         inv_t = 1.0 / temp[rnd[~cut]]
         u = batch.uniforms[plain]
         if 8 * len(plain) >= 7 * n:
-            # Nearly every row: cheaper to run over all rows in place (the others'
-            # logits are no longer needed) than to copy these out first. A pass
-            # costs several times a copy, so with fewer rows the copy wins.
+            # Nearly every row: one pass over all rows in place (the others' logits
+            # are no longer needed). With fewer rows, a CPU runs the pass in place
+            # on each run of consecutive rows: a gathered copy of the rows would
+            # cost a fresh allocation the size of the rows, page faults included,
+            # about as much as the pass itself.
             inv_all, u_all = np.ones(n), np.zeros(n)
             inv_all[plain], u_all[plain] = inv_t, u
             z_all = arr
             drawn = _inverse_cdf_np(z_all, inv_all, u_all) if cpu else _inverse_cdf(z_all, inv_all, u_all)
             out[rnd[~cut]] = drawn[plain]
         elif cpu:
-            out[rnd[~cut]] = _inverse_cdf_np(arr[plain], inv_t, u)
+            out[rnd[~cut]] = _inverse_cdf_np_rows(arr, plain, inv_t, u)
         else:
             out[rnd[~cut]] = _inverse_cdf(logits[torch.from_numpy(plain).to(dev)], inv_t, u)
         return out
@@ -325,6 +327,19 @@ def _inverse_cdf(z: torch.Tensor, inv_t: np.ndarray | None, u: np.ndarray) -> np
     tok = b * bs + j
     tok[dead] = -1
     return tok.cpu().numpy()
+
+
+def _inverse_cdf_np_rows(x: np.ndarray, rows: np.ndarray, inv_t: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """`_inverse_cdf_np` over rows ``rows`` (ascending) of ``x``, in place: one call per
+    run of consecutive rows, on a view, so nothing is copied."""
+    out = np.empty(len(rows), dtype=np.int64)
+    cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = np.concatenate(([0], cuts)).tolist()
+    ends = np.concatenate((cuts, [len(rows)])).tolist()
+    for a, b in zip(starts, ends):
+        r = int(rows[a])
+        out[a:b] = _inverse_cdf_np(x[r : r + b - a], inv_t[a:b], u[a:b])
+    return out
 
 
 def _inverse_cdf_np(z: np.ndarray, inv_t: np.ndarray | None, u: np.ndarray) -> np.ndarray:

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine_core.sampler import Sampler, SamplingBatch, StepConstraints
+from engine_core.sampler import (
+    Sampler,
+    SamplingBatch,
+    StepConstraints,
+    _inverse_cdf_np,
+    _inverse_cdf_np_rows,
+)
 from structured_output.bitmask import FilledMask, bitmask_words
 
 V = 5000
@@ -112,3 +118,43 @@ def test_a_row_that_allows_nothing_gives_minus_one():
     buf = torch.zeros((1, bitmask_words(V)), dtype=torch.int32)
     t = s.sample(torch.zeros((1, V)), _batch(1), StepConstraints(mask=FilledMask(buf, np.array([0]))))
     assert t[0] == -1
+
+
+def test_rows_in_place_draw_what_a_copy_draws():
+    """The pass over some rows runs in place, run by run: the same draws as the pass
+    over a gathered copy, and the other rows untouched."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, V)).astype(np.float32)
+    x[5, ::2] = -np.inf
+    x[9] = -np.inf  # a row with nothing allowed
+    for rows in (np.array([0]), np.array([3, 4, 5, 9, 20, 21, 39]), np.arange(0, 40, 3)):
+        inv_t, u = rng.uniform(0.5, 2.0, len(rows)), rng.random(len(rows))
+        expected = _inverse_cdf_np(x[rows].copy(), inv_t, u)
+        work = x.copy()
+        got = _inverse_cdf_np_rows(work, rows, inv_t, u)
+        assert (got == expected).all()
+        others = np.setdiff1d(np.arange(40), rows)
+        assert np.array_equal(work[others], x[others])
+
+
+def test_a_mixed_batch_draws_each_row_as_alone():
+    """Sparse, dense, greedy and unconstrained rows interleaved in one batch: each row
+    draws what it draws in a batch of its own with the same uniform."""
+    rng = np.random.default_rng(4)
+    n = 12
+    logits = torch.from_numpy(rng.standard_normal((n, V)).astype(np.float32))
+    allowed = {r: rng.choice(V, 30, replace=False) for r in range(0, n, 3)}
+    allowed |= {r: np.flatnonzero(rng.random(V) < 0.7) for r in range(1, n, 3)}
+    batch = _batch(n, seed=5)
+    batch.temperature[[2, 7]] = 0.0
+    batch.temperature[[4, 5]] = 0.7
+    s = Sampler(V, max_sparse_ids=1000)
+    together = s.sample(logits.clone(), batch, StepConstraints(mask=_mask(n, allowed)))
+    for r in range(n):
+        one = SamplingBatch(batch.temperature[r : r + 1], batch.top_p[r : r + 1],
+                            batch.top_k[r : r + 1], batch.uniforms[r : r + 1])
+        mask = _mask(1, {0: allowed[r]}) if r in allowed else None
+        alone = s.sample(logits[r : r + 1].clone(), one, StepConstraints(mask=mask))
+        assert together[r] == alone[0], r
+        if r in allowed:
+            assert together[r] in set(allowed[r].tolist())
