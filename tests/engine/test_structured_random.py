@@ -12,143 +12,15 @@ import re
 import jsonschema
 import pytest
 
+from bench.states import REQUIRED_SCHEMA, TOOLS, WEATHER
 from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from tests.support.engine import EngineHarness, collect
+from tests.support.grammars import ARITHMETIC, hermes_calls_valid, hermes_tag, is_arithmetic
 
 SEEDS = 200
 MAX_TOKENS = 384
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
-
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "description": "City name"},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14},
-        "details": {
-            "type": "object",
-            "properties": {"wind": {"type": "boolean"}, "hours": {"type": "array", "items": {"type": "integer"}}},
-            "required": ["wind"],
-        },
-        "score": {"type": "number"},
-    },
-    "required": ["city", "unit"],
-}
-
-
-def _tool(name: str, props: dict, required: list[str]) -> dict:
-    return {"name": name, "parameters": {"type": "object", "properties": props, "required": required}}
-
-
-TOOLS = [
-    _tool("get_weather", WEATHER["properties"], ["city", "unit"]),
-    _tool("get_time", {"tz": {"type": "string"}}, ["tz"]),
-    _tool("search", {"query": {"type": "string"}, "limit": {"type": "integer"}}, ["query"]),
-    _tool("send_email", {"to": {"type": "array", "items": {"type": "string"}}, "subject": {"type": "string"},
-                         "urgent": {"type": "boolean"}}, ["to", "subject"]),
-    _tool("convert", {"amount": {"type": "number"}, "from": {"enum": ["USD", "EUR", "JPY"]},
-                      "to": {"enum": ["USD", "EUR", "JPY"]}}, ["amount", "from", "to"]),
-    _tool("book", {"room": {"type": "string"}, "slot": {"type": "object", "properties": {
-        "start": {"type": "string"}, "minutes": {"type": "integer"}}, "required": ["start"]}}, ["room", "slot"]),
-    _tool("noop", {}, []),
-    _tool("rate", {"stars": {"type": "integer", "minimum": 1, "maximum": 5}, "note": {"type": ["string", "null"]}},
-          ["stars"]),
-]
-
-REQUIRED_SCHEMA = {
-    "type": "array",
-    "minItems": 1,
-    "items": {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {"name": {"enum": [t["name"]]}, "parameters": t["parameters"]},
-                "required": ["name", "parameters"],
-            }
-            for t in TOOLS
-        ]
-    },
-}
-
-
-def _hermes_tag(tools: list[dict]) -> dict:
-    return {
-        "type": "structural_tag",
-        "format": {
-            "type": "tags_with_separator",
-            "separator": "\n",
-            "at_least_one": True,
-            "tags": [
-                {
-                    "type": "tag",
-                    "begin": {"type": "token", "token": "<tool_call>"},
-                    "content": {
-                        "type": "sequence",
-                        "elements": [
-                            {"type": "const_string", "value": f'\n{{"name": "{t["name"]}", "arguments": '},
-                            {"type": "json_schema", "json_schema": t["parameters"], "max_whitespace_cnt": 4},
-                            {"type": "const_string", "value": "}\n"},
-                        ],
-                    },
-                    "end": {"type": "token", "token": "</tool_call>"},
-                }
-                for t in tools
-            ],
-        },
-    }
-
-
-EBNF = r"""
-root ::= expr
-expr ::= term (" + " term)*
-term ::= num | "(" expr ")"
-num ::= [1-9] [0-9]*
-"""
-
-
-def _parse_expr(s: str) -> bool:
-    """A recursive-descent check of the EBNF above (independent of xgrammar)."""
-    pos = 0
-
-    def term() -> bool:
-        nonlocal pos
-        if pos < len(s) and s[pos] == "(":
-            pos += 1
-            if not expr() or pos >= len(s) or s[pos] != ")":
-                return False
-            pos += 1
-            return True
-        m = re.match(r"[1-9][0-9]*", s[pos:])
-        if not m:
-            return False
-        pos += m.end()
-        return True
-
-    def expr() -> bool:
-        nonlocal pos
-        if not term():
-            return False
-        while s.startswith(" + ", pos):
-            pos += 3
-            if not term():
-                return False
-        return True
-
-    return expr() and pos == len(s)
-
-
-def _check_hermes(text: str) -> bool:
-    calls = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", text, flags=re.S)
-    rest = re.sub(r"<tool_call>\n.*?\n</tool_call>", "", text, flags=re.S)
-    if not calls or rest.strip():
-        return False
-    by_name = {t["name"]: t["parameters"] for t in TOOLS}
-    for c in calls:
-        obj = json.loads(c)
-        jsonschema.validate(obj["arguments"], by_name[obj["name"]])
-    return True
-
 
 REGEX = r"[A-Z]{2}-\d{3,5}(\.[a-z]{1,4})?"
 CHOICES = ["alpha", "beta", "gamma delta", "ε-ζ"]
@@ -158,11 +30,11 @@ CASES = {
                         lambda t: jsonschema.validate(json.loads(t), WEATHER) is None),
     "required_8_tools_schema": (StructuredOutputSpec("json_schema", json.dumps(REQUIRED_SCHEMA)),
                                 lambda t: jsonschema.validate(json.loads(t), REQUIRED_SCHEMA) is None),
-    "hermes_structural_tag": (StructuredOutputSpec("structural_tag", json.dumps(_hermes_tag(TOOLS))),
-                              _check_hermes),
+    "hermes_structural_tag": (StructuredOutputSpec("structural_tag", json.dumps(hermes_tag(TOOLS))),
+                              lambda t: hermes_calls_valid(t, TOOLS)),
     "regex": (StructuredOutputSpec("regex", REGEX), lambda t: re.fullmatch(REGEX, t) is not None),
     "choice": (StructuredOutputSpec("choice", json.dumps(CHOICES)), lambda t: t in CHOICES),
-    "ebnf": (StructuredOutputSpec("grammar", EBNF), _parse_expr),
+    "ebnf": (StructuredOutputSpec("grammar", ARITHMETIC), is_arithmetic),
 }
 
 

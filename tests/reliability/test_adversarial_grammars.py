@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
+from tests.support.grammars import hermes_calls_valid, hermes_tag
 
 from .conftest import serve
 from .support import PROMPT, background, rss_kib
@@ -72,47 +73,8 @@ TOOL_SCHEMA = {
 }
 
 
-def _tools_tag(n: int) -> dict:
-    tags = [
-        {
-            "type": "tag",
-            "begin": {"type": "token", "token": "<tool_call>"},
-            "content": {
-                "type": "sequence",
-                "elements": [
-                    {"type": "const_string", "value": f'\n{{"name": "tool_{i}", "arguments": '},
-                    {"type": "json_schema", "json_schema": TOOL_SCHEMA, "max_whitespace_cnt": 4},
-                    {"type": "const_string", "value": "}\n"},
-                ],
-            },
-            "end": {"type": "token", "token": "</tool_call>"},
-        }
-        for i in range(n)
-    ]
-    return {
-        "type": "structural_tag",
-        "format": {
-            "type": "tags_with_separator",
-            "separator": "\n",
-            "at_least_one": True,
-            "tags": tags,
-        },
-    }
-
-
-def _tool_calls_valid(n: int):
-    def check(text: str) -> bool:
-        calls = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", text, flags=re.S)
-        rest = re.sub(r"<tool_call>\n.*?\n</tool_call>", "", text, flags=re.S)
-        if not calls or rest.strip():
-            return False
-        for c in calls:
-            obj = json.loads(c)
-            assert re.fullmatch(r"tool_\d+", obj["name"]) and int(obj["name"][5:]) < n
-            jsonschema.validate(obj["arguments"], TOOL_SCHEMA)
-        return True
-
-    return check
+def _tools(n: int) -> list[dict]:
+    return [{"name": f"tool_{i}", "parameters": TOOL_SCHEMA} for i in range(n)]
 
 
 def _balanced(text: str) -> bool:
@@ -211,17 +173,17 @@ CASES: dict[str, Case] = {
     "ebnf_undefined_rule": Case("grammar", "root ::= missing", "error", ("invalid grammar",)),
     "structural_tag_100_tools": Case(
         "structural_tag",
-        json.dumps(_tools_tag(100)),
+        json.dumps(hermes_tag(_tools(100))),
         "runs",
-        valid=_tool_calls_valid(100),
+        valid=lambda t: hermes_calls_valid(t, _tools(100)),
         max_tokens=256,
     ),
     "structural_tag_500_tools": Case(
         "structural_tag",
-        json.dumps(_tools_tag(500)),
+        json.dumps(hermes_tag(_tools(500))),
         "either",
         TOO_BIG,
-        valid=_tool_calls_valid(500),
+        valid=lambda t: hermes_calls_valid(t, _tools(500)),
         max_tokens=256,
     ),
 }

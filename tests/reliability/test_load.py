@@ -27,6 +27,7 @@ import pytest
 
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from reasoning import create_reasoning_parser
+from tests.support.grammars import ARITHMETIC, hermes_calls_valid, hermes_tag, is_arithmetic
 
 from .conftest import serve
 from .support import SCHEMA, rss_kib
@@ -34,80 +35,16 @@ from .support import SCHEMA, rss_kib
 CONCURRENCY = 256
 REGEX = r"[A-Z]{2}-\d{3,5}(\.[a-z]{1,4})?"
 CHOICES = ["alpha", "beta", "gamma delta"]
-EBNF = 'root ::= expr\nexpr ::= term (" + " term)*\nterm ::= [1-9] [0-9]* | "(" expr ")"'
-TOOL = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city"],
-}
-TAG = {
-    "type": "structural_tag",
-    "format": {
-        "type": "tags_with_separator",
-        "separator": "\n",
-        "at_least_one": True,
-        "tags": [
-            {
-                "type": "tag",
-                "begin": {"type": "token", "token": "<tool_call>"},
-                "content": {
-                    "type": "sequence",
-                    "elements": [
-                        {
-                            "type": "const_string",
-                            "value": '\n{"name": "get_weather", "arguments": ',
-                        },
-                        {"type": "json_schema", "json_schema": TOOL, "max_whitespace_cnt": 4},
-                        {"type": "const_string", "value": "}\n"},
-                    ],
-                },
-                "end": {"type": "token", "token": "</tool_call>"},
-            }
-        ],
-    },
-}
-
-
-def _expr(s: str) -> bool:
-    """The EBNF above, by recursive descent."""
-    pos = 0
-
-    def term() -> bool:
-        nonlocal pos
-        if s.startswith("(", pos):
-            pos += 1
-            if not expr() or not s.startswith(")", pos):
-                return False
-            pos += 1
-            return True
-        m = re.match(r"[1-9][0-9]*", s[pos:])
-        if not m:
-            return False
-        pos += m.end()
-        return True
-
-    def expr() -> bool:
-        nonlocal pos
-        if not term():
-            return False
-        while s.startswith(" + ", pos):
-            pos += 3
-            if not term():
-                return False
-        return True
-
-    return expr() and pos == len(s)
-
-
-def _calls(s: str) -> bool:
-    calls = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", s, flags=re.S)
-    if not calls or re.sub(r"<tool_call>\n.*?\n</tool_call>", "", s, flags=re.S).strip():
-        return False
-    for c in calls:
-        obj = json.loads(c)
-        assert obj["name"] == "get_weather"
-        jsonschema.validate(obj["arguments"], TOOL)
-    return True
+TOOLS = [
+    {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    }
+]
 
 
 SPECS = {
@@ -117,8 +54,11 @@ SPECS = {
     ),
     "regex": (StructuredOutputSpec("regex", REGEX), lambda s: re.fullmatch(REGEX, s) is not None),
     "choice": (StructuredOutputSpec("choice", json.dumps(CHOICES)), lambda s: s in CHOICES),
-    "ebnf": (StructuredOutputSpec("grammar", EBNF), _expr),
-    "tools": (StructuredOutputSpec("structural_tag", json.dumps(TAG)), _calls),
+    "ebnf": (StructuredOutputSpec("grammar", ARITHMETIC), is_arithmetic),
+    "tools": (
+        StructuredOutputSpec("structural_tag", json.dumps(hermes_tag(TOOLS))),
+        lambda t: hermes_calls_valid(t, TOOLS),
+    ),
 }
 # Eight slots: 0-3 constrained (half), 0 and 4 thinking (a quarter).
 SLOTS = [
