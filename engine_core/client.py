@@ -107,8 +107,14 @@ class _StopStrings:
 
 
 class EngineClient:
-    def __init__(self, address: str, *, proc: subprocess.Popen | None = None,
-                 own_dir: Path | None = None, engine_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        proc: subprocess.Popen | None = None,
+        own_dir: Path | None = None,
+        engine_timeout_s: float = 5.0,
+    ) -> None:
         self.address = address
         self.proc = proc
         self._own_dir = own_dir
@@ -127,15 +133,25 @@ class EngineClient:
         self._last_beat = 0.0
         self._closed = False
         self._tokenizer: Tokenizer | None = None
-        self._pump = SocketPump(self._make_socket, self._on_frames, on_tick=self._on_tick,
-                                tick_s=0.05, name="thinkgate-client-io")
+        self._pump = SocketPump(
+            self._make_socket,
+            self._on_frames,
+            on_tick=self._on_tick,
+            tick_s=0.05,
+            name="thinkgate-client-io",
+        )
         self._pump.start()
 
     # ----- construction -------------------------------------------------------------
 
     @classmethod
-    async def spawn(cls, config: EngineConfig | None = None, *, startup_timeout_s: float = 180.0,
-                    engine_timeout_s: float = 5.0) -> EngineClient:
+    async def spawn(
+        cls,
+        config: EngineConfig | None = None,
+        *,
+        startup_timeout_s: float = 180.0,
+        engine_timeout_s: float = 5.0,
+    ) -> EngineClient:
         """Start an engine process (on a private ipc:// socket unless the config names
         an address) and wait for its handshake."""
         config = config or EngineConfig()
@@ -149,8 +165,9 @@ class EngineClient:
         args += ["--parent-pid", str(os.getpid())]
         env = dict(os.environ)
         env["PYTHONPATH"] = _PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        proc = subprocess.Popen([sys.executable, "-m", "engine_core", *args], env=env,
-                                stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine_core", *args], env=env, stdout=subprocess.DEVNULL
+        )
         client = cls(address, proc=proc, own_dir=own_dir, engine_timeout_s=engine_timeout_s)
         try:
             await client._say_hello(startup_timeout_s)
@@ -160,8 +177,9 @@ class EngineClient:
         return client
 
     @classmethod
-    async def connect(cls, address: str, *, timeout_s: float = 30.0,
-                      engine_timeout_s: float = 5.0) -> EngineClient:
+    async def connect(
+        cls, address: str, *, timeout_s: float = 30.0, engine_timeout_s: float = 5.0
+    ) -> EngineClient:
         """Connect to a running engine and wait for its handshake."""
         client = cls(address, engine_timeout_s=engine_timeout_s)
         try:
@@ -176,16 +194,18 @@ class EngineClient:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise EngineStartError(f"the engine exited with code {self.proc.returncode} "
-                                       "before its handshake")
+                raise EngineStartError(
+                    f"the engine exited with code {self.proc.returncode} before its handshake"
+                )
             try:
                 self.handshake = await asyncio.wait_for(asyncio.shield(self._hello), 0.1)
                 self._last_seen = time.monotonic()
                 return
             except TimeoutError:
                 if time.monotonic() > deadline:
-                    raise EngineStartError(f"no handshake from {self.address} within "
-                                           f"{timeout_s:g} s") from None
+                    raise EngineStartError(
+                        f"no handshake from {self.address} within {timeout_s:g} s"
+                    ) from None
 
     def _make_socket(self, ctx: zmq.Context) -> zmq.Socket:
         sock = ctx.socket(zmq.DEALER)
@@ -244,8 +264,9 @@ class EngineClient:
             if msg.message == NOT_GREETED and self._hello.done():
                 self._forgotten()
             elif msg.request_id is not None and msg.request_id in self._streams:
-                self._streams[msg.request_id].put_nowait(RequestOutput(
-                    msg.request_id, [], FinishReason.ERROR, error=msg.message))
+                self._streams[msg.request_id].put_nowait(
+                    RequestOutput(msg.request_id, [], FinishReason.ERROR, error=msg.message)
+                )
             elif not self._hello.done():
                 self._hello.set_exception(EngineStartError(msg.message))
             else:
@@ -258,11 +279,21 @@ class EngineClient:
         and say HELLO again so that new requests are served."""
         lost, self._streams = self._streams, {}
         for rid, q in lost.items():
-            q.put_nowait(RequestOutput(rid, [], FinishReason.ERROR, error=(
-                "the engine dropped this client (silent past the engine's client timeout, or "
-                "not reading its outputs) and the request with it")))
-        log.warning("the engine dropped this client; %d requests lost; saying HELLO again",
-                    len(lost))
+            q.put_nowait(
+                RequestOutput(
+                    rid,
+                    [],
+                    FinishReason.ERROR,
+                    error=(
+                        "the engine dropped this client (silent past the engine's client timeout, "
+                        "or "
+                        "not reading its outputs) and the request with it"
+                    ),
+                )
+            )
+        log.warning(
+            "the engine dropped this client; %d requests lost; saying HELLO again", len(lost)
+        )
         self._send(Hello(PROTOCOL_VERSION, self.identity.hex()))
 
     def _fail_all(self, reason: str) -> None:
@@ -295,8 +326,12 @@ class EngineClient:
             self._tokenizer = tok.with_vocab_rows(self.handshake.vocab_rows)
         return self._tokenizer
 
-    async def generate(self, request: EngineCoreRequest, *, stop: Sequence[str] = (),
-                       ) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        request: EngineCoreRequest,
+        *,
+        stop: Sequence[str] = (),
+    ) -> AsyncIterator[RequestOutput]:
         """Submit ``request`` and yield its outputs as they arrive; the last one has a
         finish reason. Raises `EngineDeadError` if the engine dies meanwhile. Leaving
         the loop early aborts the request in the engine."""
@@ -311,8 +346,10 @@ class EngineClient:
         if len(frames[1]) > DEFAULT_MAX_FRAME_BYTES:
             # the engine's socket would drop the connection, and with it every other
             # stream's outputs in flight; refuse here instead
-            raise ValueError(f"request {rid!r} encodes to {len(frames[1])} bytes, over the "
-                             f"engine's frame limit of {DEFAULT_MAX_FRAME_BYTES}")
+            raise ValueError(
+                f"request {rid!r} encodes to {len(frames[1])} bytes, over the "
+                f"engine's frame limit of {DEFAULT_MAX_FRAME_BYTES}"
+            )
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[rid] = q
         stops = _StopStrings(stop, self.tokenizer()) if stop else None
@@ -330,8 +367,13 @@ class EngineClient:
                         finished = True
                         if not item.finished:
                             self._send(AbortRequests([rid]))
-                        yield RequestOutput(rid, item.new_token_ids[:keep], FinishReason.STOP, s,
-                                            num_reasoning_tokens=item.num_reasoning_tokens)
+                        yield RequestOutput(
+                            rid,
+                            item.new_token_ids[:keep],
+                            FinishReason.STOP,
+                            s,
+                            num_reasoning_tokens=item.num_reasoning_tokens,
+                        )
                         return
                 finished = item.finished
                 yield item
@@ -401,5 +443,11 @@ class EngineClient:
 
 
 def _to_output(o: EngineCoreOutput) -> RequestOutput:
-    return RequestOutput(o.request_id, o.new_token_ids, o.finish_reason, o.stop_reason, o.error,
-                         o.num_reasoning_tokens)
+    return RequestOutput(
+        o.request_id,
+        o.new_token_ids,
+        o.finish_reason,
+        o.stop_reason,
+        o.error,
+        o.num_reasoning_tokens,
+    )

@@ -87,15 +87,28 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     a = parser.add_argument
     a("--model", default=d.model, help="random | scripted | a local Hugging Face model directory")
-    a("--tokenizer", default=None, help="bundled vocabulary (qwen3, llama3, o200k_harmony, "
-      "cl100k_base) or a model directory; default: the model directory, else qwen3")
-    a("--extra-special-token", dest="extra_special_tokens", action="append", default=[],
-      help="append a special token to the vocabulary (repeatable)")
+    a(
+        "--tokenizer",
+        default=None,
+        help="bundled vocabulary (qwen3, llama3, o200k_harmony, "
+        "cl100k_base) or a model directory; default: the model directory, else qwen3",
+    )
+    a(
+        "--extra-special-token",
+        dest="extra_special_tokens",
+        action="append",
+        default=[],
+        help="append a special token to the vocabulary (repeatable)",
+    )
     a("--reasoning-parser", default=None, help="the reasoning parser that gates grammars")
     a("--reasoning-parser-plugin", default=None, help="module or .py file registering parsers")
     a("--max-num-seqs", type=int, default=d.max_num_seqs)
-    a("--max-waiting", type=int, default=d.max_waiting,
-      help="requests held beyond the running batch; more are refused with an error")
+    a(
+        "--max-waiting",
+        type=int,
+        default=d.max_waiting,
+        help="requests held beyond the running batch; more are refused with an error",
+    )
     a("--max-model-len", type=int, default=d.max_model_len)
     a("--seed", type=int, default=d.seed)
     a("--device", default=d.device, help="cpu | cuda | cuda:N | auto")
@@ -103,22 +116,39 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     a("--allow-remote", action="store_true", help="allow binding a non-loopback TCP address")
     a("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     a("--client-timeout-s", type=float, default=d.client_timeout_s)
-    a("--client-backlog", type=int, default=d.client_backlog,
-      help="messages queued for a client that does not read before the engine drops it")
+    a(
+        "--client-backlog",
+        type=int,
+        default=d.client_backlog,
+        help="messages queued for a client that does not read before the engine drops it",
+    )
     a("--script", default=None, help="script file of the scripted model")
     a("--forward-ms", type=float, default=d.forward_ms, help="fixed cost per forward (ms)")
     a("--closing-bias", type=float, default=d.closing_bias)
-    a("--ending-text", dest="ending_texts", action="append", default=[],
-      help="the random model leans towards writing this text (repeatable)")
+    a(
+        "--ending-text",
+        dest="ending_texts",
+        action="append",
+        default=[],
+        help="the random model leans towards writing this text (repeatable)",
+    )
     a("--compile-workers", type=int, default=d.compile_workers)
     a("--compile-timeout-s", type=float, default=d.compile_timeout_s)
     a("--grammar-cache-mb", type=int, default=d.grammar_cache_mb)
-    a("--max-compiled-grammar-mb", type=int, default=d.max_compiled_grammar_mb,
-      help="refuse a grammar whose compiled form, serialized, is larger (the engine needs "
-      "several times this to load it)")
+    a(
+        "--max-compiled-grammar-mb",
+        type=int,
+        default=d.max_compiled_grammar_mb,
+        help="refuse a grammar whose compiled form, serialized, is larger (the engine needs "
+        "several times this to load it)",
+    )
     a("--max-spec-bytes", type=int, default=d.max_spec_bytes)
-    a("--compile-worker-memory-mb", type=int, default=d.compile_worker_memory_mb,
-      help="address-space cap of each compile worker; a compile past it fails its request")
+    a(
+        "--compile-worker-memory-mb",
+        type=int,
+        default=d.compile_worker_memory_mb,
+        help="address-space cap of each compile worker; a compile past it fails its request",
+    )
     a("--json-max-whitespace", type=int, default=d.json_max_whitespace)
     a("--fill-batch-threshold", type=int, default=d.fill_batch_threshold)
     a("--log-level", default=d.log_level)

@@ -16,7 +16,6 @@ and this object.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -254,7 +253,9 @@ class EngineCore:
         self._commit(batch, tokens, ok, out)
         return out
 
-    def _prepare(self, batch: list[EngineRequest], out: list[Output]) -> tuple[StepConstraints, list[bool]]:
+    def _prepare(
+        self, batch: list[EngineRequest], out: list[Output]
+    ) -> tuple[StepConstraints, list[bool]]:
         """Feed last step's tokens to the guides; gather this step's masks, bans and
         forced tokens."""
         ok = [True] * len(batch)
@@ -315,7 +316,9 @@ class EngineCore:
             uniforms=u,
         )
 
-    def _commit(self, batch: list[EngineRequest], tokens: np.ndarray, ok: list[bool], out: list[Output]) -> None:
+    def _commit(
+        self, batch: list[EngineRequest], tokens: np.ndarray, ok: list[bool], out: list[Output]
+    ) -> None:
         for i, r in enumerate(batch):
             if not ok[i] or r.status == Status.FINISHED:
                 continue
@@ -330,8 +333,12 @@ class EngineCore:
             n = len(r.output_ids)
             if tok in r.stop_ids and n >= r.min_tokens:
                 r.finish(FinishReason.STOP, stop=tok)
-            elif r.guide is not None and r.guide.matcher is not None and tok in r.grammar_stop_ids \
-                    and r.guide.needs_mask:
+            elif (
+                r.guide is not None
+                and r.guide.matcher is not None
+                and tok in r.grammar_stop_ids
+                and r.guide.needs_mask
+            ):
                 r.finish(FinishReason.STOP, stop=tok)  # the grammar ended (ignore_eos aside)
             elif n >= r.max_tokens:
                 r.finish(FinishReason.LENGTH)
@@ -339,11 +346,16 @@ class EngineCore:
                 self.requests.pop(r.key, None)
                 out.append((r.client, self._final_of(r)))
             else:
-                out.append((r.client, EngineCoreOutput(
-                    r.request_id,
-                    r.output_ids[r.num_sent :],
-                    num_reasoning_tokens=r.guide.num_reasoning_tokens if r.guide else 0,
-                )))
+                out.append(
+                    (
+                        r.client,
+                        EngineCoreOutput(
+                            r.request_id,
+                            r.output_ids[r.num_sent :],
+                            num_reasoning_tokens=r.guide.num_reasoning_tokens if r.guide else 0,
+                        ),
+                    )
+                )
                 r.num_sent = n
 
     def _final_of(self, r: EngineRequest) -> EngineCoreOutput:

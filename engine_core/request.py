@@ -97,7 +97,9 @@ class EngineRequest:
     def key(self) -> tuple[bytes, str]:
         return (self.client, self.request_id)
 
-    def finish(self, reason: FinishReason, *, error: str | None = None, stop: int | None = None) -> None:
+    def finish(
+        self, reason: FinishReason, *, error: str | None = None, stop: int | None = None
+    ) -> None:
         self.status = Status.FINISHED
         self.finish_reason = reason
         self.error = error

@@ -50,7 +50,9 @@ class StepConstraints:
 class Sampler:
     """Turns a step's logits into one token per row (-1: the row allowed nothing)."""
 
-    def __init__(self, vocab_rows: int, *, max_sparse_ids: int | None = None, top_p_candidates: int = 1024):
+    def __init__(
+        self, vocab_rows: int, *, max_sparse_ids: int | None = None, top_p_candidates: int = 1024
+    ):
         self.vocab_rows = vocab_rows
         #: a mask row that allows at most this many ids is sampled from them alone
         #: (default: a sixteenth of the vocabulary); the others are masked in place
@@ -58,7 +60,9 @@ class Sampler:
         self.max_sparse_ids = vocab_rows // 16 if max_sparse_ids is None else max_sparse_ids
         self.top_p_candidates = top_p_candidates
 
-    def sample(self, logits: torch.Tensor, batch: SamplingBatch, cons: StepConstraints) -> np.ndarray:
+    def sample(
+        self, logits: torch.Tensor, batch: SamplingBatch, cons: StepConstraints
+    ) -> np.ndarray:
         """One token per row of ``logits`` ``[n, vocab_rows]`` (edited in place)."""
         n = logits.shape[0]
         tokens = np.empty(n, dtype=np.int64)
@@ -92,7 +96,9 @@ class Sampler:
             tokens[cons.forced_rows] = cons.forced_ids
         return tokens
 
-    def _ban(self, logits: torch.Tensor, cons: StepConstraints, full: np.ndarray, masked: np.ndarray) -> None:
+    def _ban(
+        self, logits: torch.Tensor, cons: StepConstraints, full: np.ndarray, masked: np.ndarray
+    ) -> None:
         """Forbid the (row, id) bans of full-vocabulary rows, except in a row where
         they would forbid everything (only a masked row can come to that)."""
         if not len(cons.ban_rows):
@@ -122,7 +128,9 @@ class Sampler:
                 lift = torch.isin(r, dead)
                 logits[r[lift], i[lift]] = saved_t[lift]
 
-    def _sample_full(self, logits: torch.Tensor, rows: np.ndarray, batch: SamplingBatch) -> np.ndarray:
+    def _sample_full(
+        self, logits: torch.Tensor, rows: np.ndarray, batch: SamplingBatch
+    ) -> np.ndarray:
         """Sample rows ``rows`` of ``logits`` over the whole vocabulary (masked ids are
         -inf already). Rows are edited in place. On a CPU the passes run in numpy,
         several times faster here than torch's reductions over such wide rows."""
@@ -169,7 +177,11 @@ class Sampler:
             inv_all, u_all = np.ones(n), np.zeros(n)
             inv_all[plain], u_all[plain] = inv_t, u
             z_all = arr
-            drawn = _inverse_cdf_np(z_all, inv_all, u_all) if cpu else _inverse_cdf(z_all, inv_all, u_all)
+            drawn = (
+                _inverse_cdf_np(z_all, inv_all, u_all)
+                if cpu
+                else _inverse_cdf(z_all, inv_all, u_all)
+            )
             out[rnd[~cut]] = drawn[plain]
         elif cpu:
             out[rnd[~cut]] = _inverse_cdf_np_rows(arr, plain, inv_t, u)
@@ -200,7 +212,9 @@ class Sampler:
             cut_at = torch.searchsorted(cum, p.unsqueeze(1)).clamp_(max=cand - 1)
             threshold = vals.gather(1, cut_at).squeeze(1)
             if not bool(enough.all()):
-                cut_full = torch.searchsorted(cum_full, p[~enough].unsqueeze(1)).clamp_(max=vocab - 1)
+                cut_full = torch.searchsorted(cum_full, p[~enough].unsqueeze(1)).clamp_(
+                    max=vocab - 1
+                )
                 threshold[~enough] = vals_full.gather(1, cut_full).squeeze(1)
             drop = probs < threshold.unsqueeze(1)
             z[rows] = z[rows].masked_fill(drop, float("-inf"))
@@ -329,14 +343,16 @@ def _inverse_cdf(z: torch.Tensor, inv_t: np.ndarray | None, u: np.ndarray) -> np
     return tok.cpu().numpy()
 
 
-def _inverse_cdf_np_rows(x: np.ndarray, rows: np.ndarray, inv_t: np.ndarray, u: np.ndarray) -> np.ndarray:
+def _inverse_cdf_np_rows(
+    x: np.ndarray, rows: np.ndarray, inv_t: np.ndarray, u: np.ndarray
+) -> np.ndarray:
     """`_inverse_cdf_np` over rows ``rows`` (ascending) of ``x``, in place: one call per
     run of consecutive rows, on a view, so nothing is copied."""
     out = np.empty(len(rows), dtype=np.int64)
     cuts = np.flatnonzero(np.diff(rows) != 1) + 1
     starts = np.concatenate(([0], cuts)).tolist()
     ends = np.concatenate((cuts, [len(rows)])).tolist()
-    for a, b in zip(starts, ends):
+    for a, b in zip(starts, ends, strict=True):
         r = int(rows[a])
         out[a:b] = _inverse_cdf_np(x[r : r + b - a], inv_t[a:b], u[a:b])
     return out

@@ -90,10 +90,15 @@ class EngineServer:
             extra_special_tokens=list(config.extra_special_tokens),
             device=self.core.device,
         )
-        self.pump = SocketPump(self._make_socket, self._on_frames, on_tick=self._on_tick,
-                               on_disconnect=self._on_disconnect,
-                               on_undeliverable=self._on_undeliverable, tick_s=0.1,
-                               name="thinkgate-engine-io")
+        self.pump = SocketPump(
+            self._make_socket,
+            self._on_frames,
+            on_tick=self._on_tick,
+            on_disconnect=self._on_disconnect,
+            on_undeliverable=self._on_undeliverable,
+            tick_s=0.1,
+            name="thinkgate-engine-io",
+        )
 
     # ----- IO thread --------------------------------------------------------------
 
@@ -126,16 +131,24 @@ class EngineServer:
         if isinstance(msg, Hello):
             if msg.protocol_version != PROTOCOL_VERSION:
                 log.warning("client %s speaks protocol %d", client.hex(), msg.protocol_version)
-                self._reply(client, ErrorNotice(
-                    f"protocol version {msg.protocol_version} does not match the engine's "
-                    f"{PROTOCOL_VERSION}"))
+                self._reply(
+                    client,
+                    ErrorNotice(
+                        f"protocol version {msg.protocol_version} does not match the engine's "
+                        f"{PROTOCOL_VERSION}"
+                    ),
+                )
                 return
             self._clients[client] = now
             self._reply(client, self.handshake)
             return
         if client not in self._clients:
-            self._reply(client, ErrorNotice(
-                NOT_GREETED, msg.request_id if isinstance(msg, EngineCoreRequest) else None))
+            self._reply(
+                client,
+                ErrorNotice(
+                    NOT_GREETED, msg.request_id if isinstance(msg, EngineCoreRequest) else None
+                ),
+            )
             return
         self._clients[client] = now
         if isinstance(msg, Heartbeat):
@@ -155,16 +168,24 @@ class EngineServer:
             return  # already dropped (or never greeted): nothing more to do
         del self._clients[client]
         if reason == "blocked":
-            log.warning("client %s does not read: %d messages wait for it; dropping its requests",
-                        client.hex(), self.config.client_backlog)
+            log.warning(
+                "client %s does not read: %d messages wait for it; dropping its requests",
+                client.hex(),
+                self.config.client_backlog,
+            )
         else:
-            log.warning("client %s is gone (its connection closed); dropping its requests",
-                        client.hex())
+            log.warning(
+                "client %s is gone (its connection closed); dropping its requests", client.hex()
+            )
         self.inbox.put((client, CLIENT_GONE))
 
     def _on_disconnect(self, endpoint: str) -> None:
-        log.info("a client connection closed on %s (the client left, or sent a frame over "
-                 "the %d MiB limit)", endpoint, DEFAULT_MAX_FRAME_BYTES >> 20)
+        log.info(
+            "a client connection closed on %s (the client left, or sent a frame over "
+            "the %d MiB limit)",
+            endpoint,
+            DEFAULT_MAX_FRAME_BYTES >> 20,
+        )
 
     def _on_tick(self) -> None:
         now = time.monotonic()
@@ -190,8 +211,13 @@ class EngineServer:
 
     def serve(self) -> None:
         self.pump.start()
-        log.info("engine ready on %s (model %s, %d vocabulary rows, device %s)",
-                 self.address, self.config.model, self.core.vocab_rows, self.core.device)
+        log.info(
+            "engine ready on %s (model %s, %d vocabulary rows, device %s)",
+            self.address,
+            self.config.model,
+            self.core.vocab_rows,
+            self.core.device,
+        )
         print(f"thinkgate engine listening on {self.address}", flush=True)
         core = self.core
         try:
@@ -221,12 +247,20 @@ class EngineServer:
         elif isinstance(msg, HealthRequest):
             self._send_pending()  # a reply comes after the outputs of what came before it
             so = core.so
-            self._reply_main(client, HealthReply(
-                msg.nonce, core.num_running, core.num_waiting, core.num_steps,
-                num_requests=len(core.requests), num_guides=so.num_guides,
-                num_compiling=so.num_compiling, num_cached_grammars=so.num_cached_grammars,
-                num_clients=len(self._clients),  # the IO thread's dict; len() is atomic
-            ))
+            self._reply_main(
+                client,
+                HealthReply(
+                    msg.nonce,
+                    core.num_running,
+                    core.num_waiting,
+                    core.num_steps,
+                    num_requests=len(core.requests),
+                    num_guides=so.num_guides,
+                    num_compiling=so.num_compiling,
+                    num_cached_grammars=so.num_cached_grammars,
+                    num_clients=len(self._clients),  # the IO thread's dict; len() is atomic
+                ),
+            )
         elif msg is CLIENT_GONE:
             n = core.drop_client(client)
             if n:
@@ -262,7 +296,7 @@ class EngineServer:
         out = []
         for r in pending:
             out += core.abort(r.client, [r.request_id])
-        for client, o in out:
+        for _client, o in out:
             o.error = "the engine shut down"
         self._send(out)
         self.pump.close()

@@ -45,7 +45,9 @@ class FinishReason(IntEnum):
         return self.name.lower()
 
 
-class _Wire(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, forbid_unknown_fields=False):
+class _Wire(
+    msgspec.Struct, array_like=True, omit_defaults=True, gc=False, forbid_unknown_fields=False
+):
     pass
 
 

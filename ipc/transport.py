@@ -209,8 +209,9 @@ class SocketPump:
             except zmq.Again:
                 return
             endpoint = event.get("endpoint", b"")
-            self._on_disconnect(endpoint.decode(errors="replace") if isinstance(endpoint, bytes)
-                                else str(endpoint))
+            self._on_disconnect(
+                endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else str(endpoint)
+            )
 
     def _receive(self, sock: zmq.Socket) -> None:
         for _ in range(1024):  # bounded, so that sending is never starved

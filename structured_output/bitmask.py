@@ -78,7 +78,9 @@ class BitmaskFiller:
             active = list(rows)
         else:
             active = [
-                r for r, g in zip(rows, guides, strict=True) if g.matcher.fill_next_token_bitmask(buf, r)
+                r
+                for r, g in zip(rows, guides, strict=True)
+                if g.matcher.fill_next_token_bitmask(buf, r)
             ]
         for r, g in zip(rows, guides, strict=True):
             extra = g.extra_allowed()

@@ -258,8 +258,10 @@ class CompileService:
         for attempt in (1, 2):
             job_id = next(self._ids)
             try:
-                write_frame(worker.stdin, msgspec.msgpack.encode(
-                    CompileJob(job_id, job.spec.kind.value, job.spec.value)))
+                write_frame(
+                    worker.stdin,
+                    msgspec.msgpack.encode(CompileJob(job_id, job.spec.kind.value, job.spec.value)),
+                )
             except OSError:
                 reply = None
             else:
@@ -272,9 +274,13 @@ class CompileService:
             worker.kill()
             if not died or attempt == 2:
                 return None, None
-            log.warning("grammar compile worker %d died (code %s) on a %s; trying it once "
-                        "more on a new worker", worker.proc.pid, worker.proc.returncode,
-                        job.spec.kind.value)
+            log.warning(
+                "grammar compile worker %d died (code %s) on a %s; trying it once "
+                "more on a new worker",
+                worker.proc.pid,
+                worker.proc.returncode,
+                job.spec.kind.value,
+            )
             new = self._start_worker()
             if new is None:
                 return None, None
@@ -296,8 +302,11 @@ class CompileService:
                     continue  # released by every request that wanted it
                 if worker is not None and worker.proc.poll() is not None:
                     # it died idle (killed, say): that is no fault of this job's
-                    log.warning("grammar compile worker %d exited (code %s) while idle; "
-                                "starting another", worker.proc.pid, worker.proc.returncode)
+                    log.warning(
+                        "grammar compile worker %d exited (code %s) while idle; starting another",
+                        worker.proc.pid,
+                        worker.proc.returncode,
+                    )
                     worker.kill()
                     worker = None
                 if worker is None:  # the last start failed, or the worker died idle: try now
@@ -310,8 +319,10 @@ class CompileService:
                 if reply is None:
                     if time.monotonic() >= deadline:
                         self.num_timeouts += 1
-                        msg = (f"{job.spec.kind.value} compilation exceeded the time limit of "
-                               f"{self.timeout_s:g} s")
+                        msg = (
+                            f"{job.spec.kind.value} compilation exceeded the time limit of "
+                            f"{self.timeout_s:g} s"
+                        )
                     else:
                         msg = f"the grammar compiler failed on this {job.spec.kind.value}"
                     self._finish(job, None, msg)
@@ -319,7 +330,9 @@ class CompileService:
                     self._finish(job, None, reply.error)
                 else:
                     try:
-                        grammar = xgr.CompiledGrammar.deserialize_json(reply.grammar_json, self._info)
+                        grammar = xgr.CompiledGrammar.deserialize_json(
+                            reply.grammar_json, self._info
+                        )
                     except (RuntimeError, ValueError) as e:
                         self._finish(job, None, f"compiled grammar could not be loaded: {e}")
                     else:

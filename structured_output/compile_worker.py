@@ -107,13 +107,20 @@ def main() -> int:
     while (raw := read_frame(stdin)) is not None:
         job = dec.decode(raw)
         try:
-            compiled = compile_spec(compiler, GrammarSpec.of(job.kind, job.value), options, specials)
+            compiled = compile_spec(
+                compiler, GrammarSpec.of(job.kind, job.value), options, specials
+            )
             text = compiled.serialize_json()
             if 0 < init.max_compiled_bytes < len(text):
                 # the engine would need several times this to load it
-                reply = CompileReply(job.job_id, False, error=(
-                    f"the compiled grammar is too large: {len(text) >> 20} MiB serialized, "
-                    f"over the limit of {init.max_compiled_bytes >> 20} MiB"))
+                reply = CompileReply(
+                    job.job_id,
+                    False,
+                    error=(
+                        f"the compiled grammar is too large: {len(text) >> 20} MiB serialized, "
+                        f"over the limit of {init.max_compiled_bytes >> 20} MiB"
+                    ),
+                )
             else:
                 reply = CompileReply(job.job_id, True, grammar_json=text)
             del compiled, text

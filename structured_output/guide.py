@@ -185,7 +185,9 @@ class RequestGuide:
         if not self.matcher.accept_token(token_id):
             raise GuideError(f"the grammar rejected token {token_id} after the end of thinking")
 
-    def _begin_answer(self, start: AnswerStart | None, was: Phase, output_ids: Sequence[int]) -> None:
+    def _begin_answer(
+        self, start: AnswerStart | None, was: Phase, output_ids: Sequence[int]
+    ) -> None:
         """Thinking just ended on the last fed token."""
         matcher = self.matcher
         if matcher is None:
@@ -202,7 +204,9 @@ class RequestGuide:
             # The answer includes the closing token (and maybe earlier ones).
             for tid in output_ids[len(output_ids) - 1 + index :]:
                 if not matcher.accept_token(tid):
-                    raise GuideError(f"the answer began with token {tid}, which its grammar rejects")
+                    raise GuideError(
+                        f"the answer began with token {tid}, which its grammar rejects"
+                    )
         elif self._sep_table is not None:
             self._sep_remaining = self._sep_table.separator
         if prefix and not matcher.accept_string(prefix):

@@ -39,11 +39,17 @@ class LocalCompiler:
         return compile_spec(self.compiler, spec, self.options, self.tokenizer.special_tokens)
 
     def matcher(
-        self, spec_or_grammar: GrammarSpec | xgr.CompiledGrammar, stop_token_ids: Sequence[int] | None = None
+        self,
+        spec_or_grammar: GrammarSpec | xgr.CompiledGrammar,
+        stop_token_ids: Sequence[int] | None = None,
     ) -> xgr.GrammarMatcher:
         """A matcher that ends on ``stop_token_ids`` (default: the vocabulary's)."""
         import xgrammar as xgr
 
-        grammar = self.compile(spec_or_grammar) if isinstance(spec_or_grammar, GrammarSpec) else spec_or_grammar
+        grammar = (
+            self.compile(spec_or_grammar)
+            if isinstance(spec_or_grammar, GrammarSpec)
+            else spec_or_grammar
+        )
         stops = list(self.tokenizer.stop_token_ids if stop_token_ids is None else stop_token_ids)
         return xgr.GrammarMatcher(grammar, override_stop_tokens=stops)

@@ -138,7 +138,9 @@ class StructuredOutputManager:
             sep = parser.content_separator
             separator = self._separators.get(sep)
             if separator is None:
-                separator = self._separators[sep] = SeparatorTable(sep, self.tokenizer.all_token_bytes)
+                separator = self._separators[sep] = SeparatorTable(
+                    sep, self.tokenizer.all_token_bytes
+                )
         guide = RequestGuide(
             tracker,
             matcher,

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"tokenization", "ipc", "reasoning", "structured_output", "engine_core", "frontend", "thinkgate", "bench"}
+OURS = {
+    "tokenization",
+    "ipc",
+    "reasoning",
+    "structured_output",
+    "engine_core",
+    "frontend",
+    "thinkgate",
+    "bench",
+}
 ALLOWED = {
     "tokenization": set(),
     "ipc": set(),

@@ -13,11 +13,32 @@ from tests.support.tiny_model import build_tiny_model
 from tokenization import load_tokenizer
 
 QWEN3_ADDED = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
 ]
 
 
@@ -40,12 +61,19 @@ def test_llama3_uses_llama31_names(llama3):
     assert llama3.special_tokens["<|eot_id|>"] == 128_009
     assert llama3.bos_token_id == 128_000
     assert set(llama3.stop_token_ids) == {128_009, 128_008, 128_001}
-    assert llama3.encode("<|python_tag|>{") [0] == 128_010
+    assert llama3.encode("<|python_tag|>{")[0] == 128_010
 
 
 def test_harmony_markers(harmony):
-    ids = {"<|start|>": 200006, "<|channel|>": 200005, "<|message|>": 200008, "<|end|>": 200007,
-           "<|return|>": 200002, "<|call|>": 200012, "<|constrain|>": 200003}
+    ids = {
+        "<|start|>": 200006,
+        "<|channel|>": 200005,
+        "<|message|>": 200008,
+        "<|end|>": 200007,
+        "<|return|>": 200002,
+        "<|call|>": 200012,
+        "<|constrain|>": 200003,
+    }
     for text, tid in ids.items():
         assert harmony.id_of(text) == tid
     assert harmony.vocab_rows == 201_088
@@ -104,7 +132,10 @@ def test_hf_directory(tmp_path):
     assert tok.encode(text) == hf.encode(text, add_special_tokens=False).ids
     assert tok.decode(tok.encode(text)) == text
     assert tok.eos_token_id == tok.special_tokens["<|im_end|>"]
-    assert set(tok.stop_token_ids) == {tok.special_tokens["<|im_end|>"], tok.special_tokens["<|endoftext|>"]}
+    assert set(tok.stop_token_ids) == {
+        tok.special_tokens["<|im_end|>"],
+        tok.special_tokens["<|endoftext|>"],
+    }
     assert tok.vocab_rows == json.loads((root / "config.json").read_text())["vocab_size"]
     assert "add_generation_prompt" in tok.chat_template
 

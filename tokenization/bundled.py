@@ -62,7 +62,9 @@ _cache: dict[str, Tokenizer] = {}
 def load_bundled(name: str) -> Tokenizer:
     """The bundled vocabulary ``name`` (cached per process)."""
     if name not in BUNDLED:
-        raise KeyError(f"unknown bundled vocabulary {name!r}; bundled: {', '.join(sorted(BUNDLED))}")
+        raise KeyError(
+            f"unknown bundled vocabulary {name!r}; bundled: {', '.join(sorted(BUNDLED))}"
+        )
     with _lock:
         tok = _cache.get(name)
         if tok is None:

@@ -166,7 +166,9 @@ class Tokenizer:
     def with_vocab_rows(self, vocab_rows: int) -> Tokenizer:
         """This vocabulary for a model with ``vocab_rows`` embedding rows."""
         if vocab_rows < self.num_tokens:
-            raise ValueError(f"{vocab_rows} rows cannot hold {self.name}'s {self.num_tokens} tokens")
+            raise ValueError(
+                f"{vocab_rows} rows cannot hold {self.name}'s {self.num_tokens} tokens"
+            )
         if vocab_rows == self.vocab_rows:
             return self
         return Tokenizer(

@@ -33,8 +33,16 @@ def create_runner(model: str, tokenizer: Tokenizer, options: RunnerOptions) -> M
 
         return HFRunner(tokenizer, options, model)
     raise ValueError(
-        f"unknown model {model!r}: use one of {', '.join(runner_names())} or a local model directory"
+        f"unknown model {model!r}: use one of {', '.join(runner_names())} "
+        "or a local model directory"
     )
 
 
-__all__ = ["ModelRunner", "RunnerOptions", "RunnerRow", "closing_bias", "create_runner", "runner_names"]
+__all__ = [
+    "ModelRunner",
+    "RunnerOptions",
+    "RunnerRow",
+    "closing_bias",
+    "create_runner",
+    "runner_names",
+]

@@ -55,10 +55,10 @@ class ModelRunner(ABC):
     def name(self) -> str:
         return type(self).__name__
 
-    def add(self, row: RunnerRow) -> None:
+    def add(self, row: RunnerRow) -> None:  # noqa: B027 (optional hook)
         """A request joins the batch."""
 
-    def remove(self, row: RunnerRow) -> None:
+    def remove(self, row: RunnerRow) -> None:  # noqa: B027 (optional hook)
         """A request leaves the batch (finished or aborted)."""
 
     @abstractmethod
@@ -66,7 +66,7 @@ class ModelRunner(ABC):
         """``[len(rows), vocab_rows]`` float logits for each row's next token, given
         its prompt and outputs so far. The tensor may be reused by the next call."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook)
         """Release what the runner holds."""
 
 

@@ -26,10 +26,14 @@ class HFRunner(ModelRunner):
         self.model.to(self.device).eval()
         rows = int(self.model.config.vocab_size)
         if rows < tokenizer.num_tokens:
-            raise ValueError(f"model has {rows} vocabulary rows, its tokenizer {tokenizer.num_tokens} tokens")
+            raise ValueError(
+                f"model has {rows} vocabulary rows, its tokenizer {tokenizer.num_tokens} tokens"
+            )
         self.vocab_rows = rows
         self._cache: dict[str, tuple[object, int]] = {}
-        self._out = torch.empty((options.max_num_seqs, rows), dtype=torch.float32, device=self.device)
+        self._out = torch.empty(
+            (options.max_num_seqs, rows), dtype=torch.float32, device=self.device
+        )
 
     def remove(self, row: RunnerRow) -> None:
         self._cache.pop(row.request_id, None)

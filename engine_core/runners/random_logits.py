@@ -39,7 +39,9 @@ class RandomLogitsRunner(ModelRunner):
         self._is_closer = bias > 0
         self._closers = torch.from_numpy(np.flatnonzero(self._is_closer)).to(self.device)
         self._since: dict[str, list[int]] = {}  # request -> [tokens seen, since a closer]
-        self._out = torch.empty((options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device)
+        self._out = torch.empty(
+            (options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device
+        )
         self._index = torch.empty(options.max_num_seqs, dtype=torch.int64)
         # for each ending text, the first token of each of its remainders
         self._endings = [t.encode("utf-8") for t in options.ending_texts if t]
@@ -64,7 +66,6 @@ class RandomLogitsRunner(ModelRunner):
             time.sleep(self.options.forward_ms / 1000)
         return out
 
-
     def remove(self, row: RunnerRow) -> None:
         self._since.pop(row.request_id, None)
 
@@ -82,7 +83,9 @@ class RandomLogitsRunner(ModelRunner):
             st[0] = len(ids)
             if st[1] > PATIENCE:
                 extra = self.options.closing_bias * (st[1] - PATIENCE) / PATIENCE
-                out[i].index_add_(0, self._closers, torch.full_like(self._closers, extra, dtype=out.dtype))
+                out[i].index_add_(
+                    0, self._closers, torch.full_like(self._closers, extra, dtype=out.dtype)
+                )
 
     def _lean_to_endings(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
         ri: list[int] = []

@@ -45,7 +45,9 @@ class ScriptedRunner(ModelRunner):
         pool = rng.standard_normal((POOL_ROWS, self.vocab_rows), dtype=np.float32)
         pool += closing_bias(tokenizer, options.closing_bias)
         self._pool = torch.from_numpy(pool).to(self.device)
-        self._out = torch.empty((options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device)
+        self._out = torch.empty(
+            (options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device
+        )
         self._scripts: dict[str, list[int]] = {}
 
     def script_for(self, prompt_token_ids: Sequence[int]) -> list[int]:
@@ -73,7 +75,9 @@ class ScriptedRunner(ModelRunner):
                 script = self._scripts[r.request_id] = self.script_for(r.prompt_token_ids)
             pos = len(r.output_ids)
             want.append(script[pos] if pos < len(script) else self._eos)
-        out[torch.arange(n, device=self.device), torch.tensor(want, device=self.device)] += SCRIPT_BONUS
+        out[torch.arange(n, device=self.device), torch.tensor(want, device=self.device)] += (
+            SCRIPT_BONUS
+        )
         if self.options.forward_ms > 0:
             time.sleep(self.options.forward_ms / 1000)
         return out

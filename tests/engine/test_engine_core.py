@@ -34,10 +34,19 @@ def _run_all(core, timeout_s=120.0):
 
 
 def test_aborting_one_of_two_requests_sharing_a_compile(core):
-    schema = {"type": "object", "properties": {"shared": {"type": "integer"}}, "required": ["shared"]}
+    schema = {
+        "type": "object",
+        "properties": {"shared": {"type": "integer"}},
+        "required": ["shared"],
+    }
     spec = StructuredOutputSpec("json_schema", json.dumps(schema))
     for rid in ("a", "b"):
-        assert core.add_request(b"c", EngineCoreRequest(rid, PROMPT, SamplingParams(max_tokens=50), spec)) == []
+        assert (
+            core.add_request(
+                b"c", EngineCoreRequest(rid, PROMPT, SamplingParams(max_tokens=50), spec)
+            )
+            == []
+        )
     aborted = core.abort(b"c", ["a"])
     assert [o.finish_reason for _, o in aborted] == [FinishReason.ABORT]
     finals = [o for _, o in _run_all(core) if o.finished]
@@ -47,7 +56,7 @@ def test_aborting_one_of_two_requests_sharing_a_compile(core):
 def test_duplicate_and_unknown_ids(core):
     req = EngineCoreRequest("dup", PROMPT, SamplingParams(max_tokens=3, ignore_eos=True))
     assert core.add_request(b"c", req) == []
-    (client, out), = core.add_request(b"c", req)
+    ((client, out),) = core.add_request(b"c", req)
     assert out.finish_reason == FinishReason.ERROR and "already in use" in out.error
     assert core.add_request(b"other-client", req) == []  # ids are per client
     assert core.abort(b"c", ["never-seen"]) == []

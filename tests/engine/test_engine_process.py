@@ -30,7 +30,17 @@ from ipc import (
 )
 from tests.support.engine import EngineHarness, collect
 
-PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]  # <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
+PROMPT = [
+    151644,
+    872,
+    198,
+    6023,
+    151645,
+    198,
+    151644,
+    77091,
+    198,
+]  # <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +66,9 @@ def test_200_concurrent_requests_each_end_once(engine):
 
     async def body():
         reqs = [
-            EngineCoreRequest(f"c{i}", PROMPT, SamplingParams(max_tokens=m, seed=i, ignore_eos=True))
+            EngineCoreRequest(
+                f"c{i}", PROMPT, SamplingParams(max_tokens=m, seed=i, ignore_eos=True)
+            )
             for i, m in enumerate(budgets)
         ]
         return await asyncio.gather(*(collect(engine.client, r) for r in reqs))
@@ -74,14 +86,26 @@ def test_same_seed_same_tokens(engine):
         a = collect(engine.client, EngineCoreRequest("s1", PROMPT, sp))
         b = collect(engine.client, EngineCoreRequest("s2", PROMPT, sp))
         # a third request in the same batch, with another seed, must not disturb them
-        c = collect(engine.client, EngineCoreRequest("s3", PROMPT, msgspec.structs.replace(sp, seed=99)))
+        c = collect(
+            engine.client, EngineCoreRequest("s3", PROMPT, msgspec.structs.replace(sp, seed=99))
+        )
         return await asyncio.gather(a, b, c)
 
     (a, _, _), (b, _, _), (c, _, _) = engine.run(body)
     assert a == b
     assert a != c
-    (d, _, _) = engine.run(lambda: collect(engine.client, EngineCoreRequest(
-        "s4", PROMPT, SamplingParams(max_tokens=30, seed=1234, temperature=0.8, top_p=0.9, ignore_eos=True))))
+    (d, _, _) = engine.run(
+        lambda: collect(
+            engine.client,
+            EngineCoreRequest(
+                "s4",
+                PROMPT,
+                SamplingParams(
+                    max_tokens=30, seed=1234, temperature=0.8, top_p=0.9, ignore_eos=True
+                ),
+            ),
+        )
+    )
     assert d == a
 
 
@@ -132,7 +156,9 @@ def test_bad_requests_get_an_error_each(engine):
         "range": EngineCoreRequest("b2", [10**9]),
         "max_tokens": EngineCoreRequest("b3", PROMPT, SamplingParams(max_tokens=0)),
         "top_p": EngineCoreRequest("b4", PROMPT, SamplingParams(top_p=0.0)),
-        "kind": EngineCoreRequest("b5", PROMPT, structured_output=StructuredOutputSpec("yaml", "x")),
+        "kind": EngineCoreRequest(
+            "b5", PROMPT, structured_output=StructuredOutputSpec("yaml", "x")
+        ),
     }
 
     async def body():
@@ -158,7 +184,9 @@ def test_malformed_frames_and_wrong_protocol_leave_the_engine_serving(engine):
     codec = Codec()
     sock = _raw_dealer(engine.client.address)
     try:
-        sock.send_multipart([bytes([MsgType.HELLO]), msgspec.msgpack.encode(Hello(PROTOCOL_VERSION + 7, "x"))])
+        sock.send_multipart(
+            [bytes([MsgType.HELLO]), msgspec.msgpack.encode(Hello(PROTOCOL_VERSION + 7, "x"))]
+        )
         reply = codec.decode(sock.recv_multipart())
         assert isinstance(reply, ErrorNotice) and "protocol version" in reply.message
         sock.send_multipart(codec.encode(Hello(PROTOCOL_VERSION, "raw")))
@@ -169,7 +197,10 @@ def test_malformed_frames_and_wrong_protocol_leave_the_engine_serving(engine):
             [b"\x02"],
             [b"\x02", msgspec.msgpack.encode(["r", "not a list"])],
             [b"\x02\x03", b""],
-            [bytes([MsgType.REQUEST]), msgspec.msgpack.encode(["r", [1, 2], {"temperature": "hot"}])],
+            [
+                bytes([MsgType.REQUEST]),
+                msgspec.msgpack.encode(["r", [1, 2], {"temperature": "hot"}]),
+            ],
         ]
         for frames in bad:
             sock.send_multipart(frames)
@@ -189,7 +220,10 @@ def test_malformed_frames_and_wrong_protocol_leave_the_engine_serving(engine):
         sock.close()
 
     async def ok():
-        return await collect(engine.client, EngineCoreRequest("after-bad", PROMPT, SamplingParams(max_tokens=5, ignore_eos=True)))
+        return await collect(
+            engine.client,
+            EngineCoreRequest("after-bad", PROMPT, SamplingParams(max_tokens=5, ignore_eos=True)),
+        )
 
     ids, final, _ = engine.run(ok)
     assert final.finish_reason == FinishReason.LENGTH and len(ids) == 5
@@ -210,8 +244,12 @@ def test_killed_engine_fails_every_request_within_2s():
     async def body():
         client = await EngineClient.spawn(EngineConfig(model="random", forward_ms=20))
         try:
-            reqs = [EngineCoreRequest(f"k{i}", PROMPT, SamplingParams(max_tokens=30_000, ignore_eos=True))
-                    for i in range(20)]
+            reqs = [
+                EngineCoreRequest(
+                    f"k{i}", PROMPT, SamplingParams(max_tokens=30_000, ignore_eos=True)
+                )
+                for i in range(20)
+            ]
             failures: list[float] = []
 
             async def run(r):
@@ -242,12 +280,18 @@ def test_sigterm_gives_every_request_a_final_output():
     async def body():
         client = await EngineClient.spawn(EngineConfig(model="random", forward_ms=20))
         try:
-            reqs = [EngineCoreRequest(f"t{i}", PROMPT, SamplingParams(max_tokens=30_000, ignore_eos=True))
-                    for i in range(5)]
+            reqs = [
+                EngineCoreRequest(
+                    f"t{i}", PROMPT, SamplingParams(max_tokens=30_000, ignore_eos=True)
+                )
+                for i in range(5)
+            ]
             tasks = [asyncio.create_task(collect(client, r)) for r in reqs]
             await asyncio.sleep(1.0)
             client.proc.send_signal(signal.SIGTERM)
-            return await asyncio.wait_for(asyncio.gather(*tasks), 20), await asyncio.to_thread(client.proc.wait, 20)
+            return await asyncio.wait_for(asyncio.gather(*tasks), 20), await asyncio.to_thread(
+                client.proc.wait, 20
+            )
         finally:
             await client.shutdown(timeout_s=2)
 

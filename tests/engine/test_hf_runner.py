@@ -45,13 +45,21 @@ def test_greedy_matches_transformers_generate(engine, model_dir):
 
     tok = load_tokenizer(str(model_dir))
     prompt = _prompt(tok)
-    req = EngineCoreRequest("greedy", prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    req = EngineCoreRequest(
+        "greedy", prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    )
     ids, final, _ = engine.run(lambda: collect(engine.client, req))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True).eval()
     with torch.inference_mode():
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                             eos_token_id=None, pad_token_id=0, min_new_tokens=24)
-    assert ids == ref[0, len(prompt):].tolist()
+        ref = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            min_new_tokens=24,
+        )
+    assert ids == ref[0, len(prompt) :].tolist()
     assert final.finish_reason == FinishReason.LENGTH
 
 
@@ -62,8 +70,12 @@ def test_constrained_generation_is_valid(engine, model_dir):
     spec = StructuredOutputSpec("choice", json.dumps(choices))
 
     async def body():
-        reqs = [EngineCoreRequest(f"ch{i}", prompt, SamplingParams(max_tokens=40, seed=i), spec, reasoning_ended=True)
-                for i in range(8)]
+        reqs = [
+            EngineCoreRequest(
+                f"ch{i}", prompt, SamplingParams(max_tokens=40, seed=i), spec, reasoning_ended=True
+            )
+            for i in range(8)
+        ]
         return await asyncio.gather(*(collect(engine.client, r) for r in reqs))
 
     for ids, final, finals in engine.run(body):

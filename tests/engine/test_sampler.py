@@ -23,23 +23,32 @@ def _mask(rows: int, allowed: dict[int, np.ndarray]) -> FilledMask:
     buf = torch.zeros((rows, bitmask_words(V)), dtype=torch.int32)
     view = buf.numpy().view(np.uint32)
     for r, ids in allowed.items():
-        np.bitwise_or.at(view[r], ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+        np.bitwise_or.at(
+            view[r], ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
+        )
     return FilledMask(buf, np.asarray(sorted(allowed), dtype=np.int64))
 
 
 def _batch(n, *, temp=1.0, top_p=1.0, top_k=0, seed=0):
     rng = np.random.default_rng(seed)
-    return SamplingBatch(np.full(n, temp, np.float32), np.full(n, top_p, np.float32),
-                         np.full(n, top_k, np.int64), rng.random(n))
+    return SamplingBatch(
+        np.full(n, temp, np.float32),
+        np.full(n, top_p, np.float32),
+        np.full(n, top_k, np.int64),
+        rng.random(n),
+    )
 
 
 @pytest.fixture()
 def setup():
     rng = np.random.default_rng(1)
     logits = torch.from_numpy(rng.standard_normal((6, V)).astype(np.float32) * 2)
-    allowed = {0: rng.choice(V, 7, replace=False), 1: rng.choice(V, 40, replace=False),
-               2: np.arange(V)[np.arange(V) % 3 != 0],  # dense
-               3: np.array([V - 1])}
+    allowed = {
+        0: rng.choice(V, 7, replace=False),
+        1: rng.choice(V, 40, replace=False),
+        2: np.arange(V)[np.arange(V) % 3 != 0],  # dense
+        3: np.array([V - 1]),
+    }
     return logits, allowed
 
 
@@ -74,7 +83,9 @@ def _expected(logits, row, ids, *, temp=1.0, top_k=0, top_p=1.0):
     return dict(zip(ids.tolist(), p / p.sum(), strict=True))
 
 
-@pytest.mark.parametrize("kw", [{}, {"top_k": 5}, {"top_p": 0.6}, {"temp": 0.5, "top_p": 0.9, "top_k": 20}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"top_k": 5}, {"top_p": 0.6}, {"temp": 0.5, "top_p": 0.9, "top_k": 20}]
+)
 @pytest.mark.parametrize("max_sparse_ids", [0, 1000])
 def test_draws_follow_the_softmax_over_allowed_ids(setup, kw, max_sparse_ids):
     """Both paths (sparse: allowed ids only; dense: full-vocabulary masking) draw
@@ -94,7 +105,12 @@ def test_top_k_one_and_tiny_top_p_are_greedy(setup):
     s = Sampler(V)
     g = s.sample(logits.clone(), _batch(6, temp=0.0), StepConstraints(mask=_mask(6, allowed)))
     for kw in ({"top_k": 1}, {"top_p": 1e-6}):
-        assert (s.sample(logits.clone(), _batch(6, seed=9, **kw), StepConstraints(mask=_mask(6, allowed))) == g).all()
+        assert (
+            s.sample(
+                logits.clone(), _batch(6, seed=9, **kw), StepConstraints(mask=_mask(6, allowed))
+            )
+            == g
+        ).all()
 
 
 def test_bans_forced_tokens_and_an_all_banned_row(setup):
@@ -103,8 +119,10 @@ def test_bans_forced_tokens_and_an_all_banned_row(setup):
     g = s.sample(logits.clone(), _batch(6, temp=0.0), StepConstraints(mask=_mask(6, allowed)))
     cons = StepConstraints(
         mask=_mask(6, allowed),
-        ban_rows=np.array([0, 4, 3]), ban_ids=np.array([g[0], g[4], V - 1]),
-        forced_rows=np.array([5]), forced_ids=np.array([17]),
+        ban_rows=np.array([0, 4, 3]),
+        ban_ids=np.array([g[0], g[4], V - 1]),
+        forced_rows=np.array([5]),
+        forced_ids=np.array([17]),
     )
     t = s.sample(logits.clone(), _batch(6, temp=0.0), cons)
     assert t[0] != g[0] and t[0] in allowed[0]
@@ -116,7 +134,9 @@ def test_bans_forced_tokens_and_an_all_banned_row(setup):
 def test_a_row_that_allows_nothing_gives_minus_one():
     s = Sampler(V)
     buf = torch.zeros((1, bitmask_words(V)), dtype=torch.int32)
-    t = s.sample(torch.zeros((1, V)), _batch(1), StepConstraints(mask=FilledMask(buf, np.array([0]))))
+    t = s.sample(
+        torch.zeros((1, V)), _batch(1), StepConstraints(mask=FilledMask(buf, np.array([0])))
+    )
     assert t[0] == -1
 
 
@@ -151,8 +171,12 @@ def test_a_mixed_batch_draws_each_row_as_alone():
     s = Sampler(V, max_sparse_ids=1000)
     together = s.sample(logits.clone(), batch, StepConstraints(mask=_mask(n, allowed)))
     for r in range(n):
-        one = SamplingBatch(batch.temperature[r : r + 1], batch.top_p[r : r + 1],
-                            batch.top_k[r : r + 1], batch.uniforms[r : r + 1])
+        one = SamplingBatch(
+            batch.temperature[r : r + 1],
+            batch.top_p[r : r + 1],
+            batch.top_k[r : r + 1],
+            batch.uniforms[r : r + 1],
+        )
         mask = _mask(1, {0: allowed[r]}) if r in allowed else None
         alone = s.sample(logits[r : r + 1].clone(), one, StepConstraints(mask=mask))
         assert together[r] == alone[0], r

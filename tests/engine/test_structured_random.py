@@ -26,12 +26,18 @@ REGEX = r"[A-Z]{2}-\d{3,5}(\.[a-z]{1,4})?"
 CHOICES = ["alpha", "beta", "gamma delta", "ε-ζ"]
 
 CASES = {
-    "one_tool_schema": (StructuredOutputSpec("json_schema", json.dumps(WEATHER)),
-                        lambda t: jsonschema.validate(json.loads(t), WEATHER) is None),
-    "required_8_tools_schema": (StructuredOutputSpec("json_schema", json.dumps(REQUIRED_SCHEMA)),
-                                lambda t: jsonschema.validate(json.loads(t), REQUIRED_SCHEMA) is None),
-    "hermes_structural_tag": (StructuredOutputSpec("structural_tag", json.dumps(hermes_tag(TOOLS))),
-                              lambda t: hermes_calls_valid(t, TOOLS)),
+    "one_tool_schema": (
+        StructuredOutputSpec("json_schema", json.dumps(WEATHER)),
+        lambda t: jsonschema.validate(json.loads(t), WEATHER) is None,
+    ),
+    "required_8_tools_schema": (
+        StructuredOutputSpec("json_schema", json.dumps(REQUIRED_SCHEMA)),
+        lambda t: jsonschema.validate(json.loads(t), REQUIRED_SCHEMA) is None,
+    ),
+    "hermes_structural_tag": (
+        StructuredOutputSpec("structural_tag", json.dumps(hermes_tag(TOOLS))),
+        lambda t: hermes_calls_valid(t, TOOLS),
+    ),
     "regex": (StructuredOutputSpec("regex", REGEX), lambda t: re.fullmatch(REGEX, t) is not None),
     "choice": (StructuredOutputSpec("choice", json.dumps(CHOICES)), lambda t: t in CHOICES),
     "ebnf": (StructuredOutputSpec("grammar", ARITHMETIC), is_arithmetic),
@@ -52,7 +58,9 @@ def test_random_model_outputs_are_valid(engine, case):
 
     async def body():
         reqs = [
-            EngineCoreRequest(f"{case}-{s}", PROMPT, SamplingParams(max_tokens=MAX_TOKENS, seed=s), spec)
+            EngineCoreRequest(
+                f"{case}-{s}", PROMPT, SamplingParams(max_tokens=MAX_TOKENS, seed=s), spec
+            )
             for s in range(SEEDS)
         ]
         return await asyncio.gather(*(collect(engine.client, r) for r in reqs))

@@ -25,15 +25,28 @@ LONG_THOUGHT = " ".join(f"step{i}" for i in range(60))
 
 SCRIPT = {
     "rules": [
-        {"match": "[think-json]", "output": f'<think>\n{THOUGHT}\n</think>\n\n{{"city": "Paris", "days": 3}}'},
+        {
+            "match": "[think-json]",
+            "output": f'<think>\n{THOUGHT}\n</think>\n\n{{"city": "Paris", "days": 3}}',
+        },
         {"match": "[no-think]", "output": '{"city": "Rome", "days": 2}'},
         # what the model would write after an empty thought: a separator first
         {"match": "[closed]", "output": '\n\n{"city": "Oslo", "days": 1}'},
         {"match": "[malformed]", "output": "<think>\nok\n</think>\n\n{city: Paris, days: three}"},
-        {"match": "[long]", "output": f"<think>\n{LONG_THOUGHT}\n</think>\n\n{{\"city\": \"Lima\", \"days\": 4}}"},
-        {"match": "[prose]", "output": "<think>\nhm\n</think>\n\nSure! Here it is: {\"city\": \"Bonn\"}"},
-        {"match": "[tool-in-thought]",
-         "output": '<think>\nI will call it <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'},
+        {
+            "match": "[long]",
+            "output": f'<think>\n{LONG_THOUGHT}\n</think>\n\n{{"city": "Lima", "days": 4}}',
+        },
+        {
+            "match": "[prose]",
+            "output": '<think>\nhm\n</think>\n\nSure! Here it is: {"city": "Bonn"}',
+        },
+        {
+            "match": "[tool-in-thought]",
+            "output": (
+                '<think>\nI will call it <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+            ),
+        },
     ],
     "default": "Hello.",
 }
@@ -55,7 +68,17 @@ def _prompt(tok, tag: str, thinking: bool = True) -> list[int]:
     return tok.encode(text)
 
 
-def _run(engine, tag, *, spec=SCHEMA, thinking=True, kwargs=None, budget=None, max_tokens=600, greedy=True):
+def _run(
+    engine,
+    tag,
+    *,
+    spec=SCHEMA,
+    thinking=True,
+    kwargs=None,
+    budget=None,
+    max_tokens=600,
+    greedy=True,
+):
     tok = engine.client.tokenizer()
     prompt = _prompt(tok, tag, thinking)
     parser = create_reasoning_parser("qwen3", tok, kwargs)
@@ -86,7 +109,9 @@ def test_thought_verbatim_answer_constrained(engine):
 
 
 def test_thinking_off_grammar_from_first_token(engine):
-    ids, final, reasoning, content = _run(engine, "[no-think]", thinking=False, kwargs={"enable_thinking": False})
+    ids, final, reasoning, content = _run(
+        engine, "[no-think]", thinking=False, kwargs={"enable_thinking": False}
+    )
     assert final.finish_reason == FinishReason.STOP
     assert reasoning is None
     assert content == '{"city": "Rome", "days": 2}'
@@ -96,7 +121,9 @@ def test_thinking_off_grammar_from_first_token(engine):
 def test_thinking_off_separator_is_allowed_but_grammar_holds(engine):
     # the prompt closed the thinking; a model that still writes "\n\n" first is not
     # pushed off its distribution: JSON grammars admit no leading newline, yet...
-    ids, final, reasoning, content = _run(engine, "[closed]", thinking=False, kwargs={"enable_thinking": False})
+    ids, final, reasoning, content = _run(
+        engine, "[closed]", thinking=False, kwargs={"enable_thinking": False}
+    )
     assert final.finish_reason == FinishReason.STOP
     # ... thinking off means no end marker was seen: the grammar holds from the
     # first token, so the separator is not allowed and the JSON starts at once
@@ -164,13 +191,19 @@ def test_tool_call_in_thought_against_a_tool_grammar_is_the_answer(engine):
     tag = {
         "type": "tag",
         "begin": {"type": "token", "token": "<tool_call>"},
-        "content": {"type": "sequence", "elements": [
-            {"type": "const_string", "value": '\n{"name": "f", "arguments": '},
-            {"type": "json_schema", "json_schema": {"type": "object", "properties": {}}},
-            {"type": "const_string", "value": "}\n"}]},
+        "content": {
+            "type": "sequence",
+            "elements": [
+                {"type": "const_string", "value": '\n{"name": "f", "arguments": '},
+                {"type": "json_schema", "json_schema": {"type": "object", "properties": {}}},
+                {"type": "const_string", "value": "}\n"},
+            ],
+        },
         "end": {"type": "token", "token": "</tool_call>"},
     }
-    spec = StructuredOutputSpec("structural_tag", json.dumps({"type": "structural_tag", "format": tag}))
+    spec = StructuredOutputSpec(
+        "structural_tag", json.dumps({"type": "structural_tag", "format": tag})
+    )
     ids, final, reasoning, content = _run(engine, "[tool-in-thought]", spec=spec)
     assert final.finish_reason == FinishReason.STOP, final.error
     assert reasoning == "\nI will call it "
@@ -187,16 +220,30 @@ def test_errors_end_their_own_request_while_50_others_finish(tmp_path):
         "too_slow": StructuredOutputSpec("json_schema", json.dumps(big)),
         "too_big": StructuredOutputSpec("regex", "a" * 200_000),
     }
-    h = EngineHarness(EngineConfig(model="random", compile_timeout_s=1.5, max_spec_bytes=100_000, seed=5))
+    h = EngineHarness(
+        EngineConfig(model="random", compile_timeout_s=1.5, max_spec_bytes=100_000, seed=5)
+    )
     try:
         good_spec = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))
         prompt = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 
         async def body():
-            good = [collect(h.client, EngineCoreRequest(f"g{i}", prompt, SamplingParams(max_tokens=200, seed=i),
-                                                        good_spec if i % 2 else None)) for i in range(50)]
-            errs = [collect(h.client, EngineCoreRequest(k, prompt, SamplingParams(max_tokens=50), s))
-                    for k, s in bad.items()]
+            good = [
+                collect(
+                    h.client,
+                    EngineCoreRequest(
+                        f"g{i}",
+                        prompt,
+                        SamplingParams(max_tokens=200, seed=i),
+                        good_spec if i % 2 else None,
+                    ),
+                )
+                for i in range(50)
+            ]
+            errs = [
+                collect(h.client, EngineCoreRequest(k, prompt, SamplingParams(max_tokens=50), s))
+                for k, s in bad.items()
+            ]
             return await asyncio.gather(*good), await asyncio.gather(*errs)
 
         goods, errs = h.run(body)
@@ -208,7 +255,10 @@ def test_errors_end_their_own_request_while_50_others_finish(tmp_path):
         assert finals == 1 and final.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
         if i % 2 and final.finish_reason == FinishReason.STOP:
             jsonschema.validate(json.loads(tok.decode(ids[:-1])), SCHEMA)
-    assert sum(f.finish_reason == FinishReason.STOP for i, (_, f, _) in enumerate(goods) if i % 2) >= 23
+    assert (
+        sum(f.finish_reason == FinishReason.STOP for i, (_, f, _) in enumerate(goods) if i % 2)
+        >= 23
+    )
     messages = {}
     for name, (ids, final, finals) in zip(bad, errs, strict=True):
         assert finals == 1 and final.finish_reason == FinishReason.ERROR and ids == [], name

@@ -11,13 +11,21 @@ from structured_output import CompileOptions, GrammarError, GrammarSpec, tokeniz
 from structured_output.compile_service import CompileService
 
 SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
-SLOW = json.dumps({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1500)}})
+SLOW = json.dumps(
+    {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1500)}}
+)
 
 
 @pytest.fixture(scope="module")
 def service(qwen3):
-    svc = CompileService(qwen3, CompileOptions(max_spec_bytes=200_000), tokenizer_info_for(qwen3),
-                         num_workers=1, timeout_s=1.0, cache_bytes=64 << 20)
+    svc = CompileService(
+        qwen3,
+        CompileOptions(max_spec_bytes=200_000),
+        tokenizer_info_for(qwen3),
+        num_workers=1,
+        timeout_s=1.0,
+        cache_bytes=64 << 20,
+    )
     yield svc
     svc.close()
 

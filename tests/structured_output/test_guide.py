@@ -108,8 +108,12 @@ def test_implicit_end_is_the_answers_first_token(qwen3, grammars):
 
 
 def test_thinking_off_means_grammar_from_the_first_token(qwen3, grammars):
-    g = _guide(qwen3, grammars["json"], prompt_text="<|im_start|>assistant\n<think>\n\n</think>\n\n",
-               kwargs={"enable_thinking": False})
+    g = _guide(
+        qwen3,
+        grammars["json"],
+        prompt_text="<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        kwargs={"enable_thinking": False},
+    )
     assert g.phase == Phase.ANSWER and g.needs_mask and g.extra_allowed() == ()
     with pytest.raises(GuideError):
         _feed(g, [271])
@@ -127,7 +131,11 @@ def test_budget_forces_the_end_marker(qwen3, grammars):
 
 
 def test_rejected_token_is_an_error(qwen3, grammars):
-    g = _guide(qwen3, grammars["json"], prompt_text="<|im_start|>assistant\n<think>\n\n</think>\n\n",
-               kwargs={"enable_thinking": False})
+    g = _guide(
+        qwen3,
+        grammars["json"],
+        prompt_text="<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        kwargs={"enable_thinking": False},
+    )
     with pytest.raises(GuideError, match="rejected"):
         _feed(g, qwen3.encode("hello"))

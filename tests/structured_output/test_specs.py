@@ -39,11 +39,26 @@ def test_no_special_token_inside_a_json_string(qwen3, compiler):
 
 def test_markers_written_as_text_in_a_structural_tag_become_tokens(qwen3, compiler):
     # xgrammar's own templates write markers inside literals like this
-    tag = {"type": "structural_tag", "format": {
-        "type": "triggered_tags", "triggers": ["<tool_call>"], "at_least_one": True, "stop_after_first": True,
-        "tags": [{"type": "tag", "begin": '<tool_call>\n{"name": "f", "arguments": ',
-                  "content": {"type": "json_schema", "json_schema": {"type": "object", "properties": {}}},
-                  "end": "}\n</tool_call>"}]}}
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<tool_call>"],
+            "at_least_one": True,
+            "stop_after_first": True,
+            "tags": [
+                {
+                    "type": "tag",
+                    "begin": '<tool_call>\n{"name": "f", "arguments": ',
+                    "content": {
+                        "type": "json_schema",
+                        "json_schema": {"type": "object", "properties": {}},
+                    },
+                    "end": "}\n</tool_call>",
+                }
+            ],
+        },
+    }
     m = compiler.matcher(GrammarSpec.of("structural_tag", json.dumps(tag)))
     assert qwen3.id_of("<tool_call>") in _allowed(m, qwen3.vocab_rows)
     _feed(m, qwen3.encode('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'))
@@ -54,22 +69,33 @@ def test_markers_written_as_text_in_a_structural_tag_become_tokens(qwen3, compil
 
 
 def test_tokens_named_by_text_resolve(qwen3, compiler):
-    tag = {"type": "tag", "begin": {"type": "token", "token": "<think>"},
-           "content": {"type": "const_string", "value": "ok"}, "end": {"type": "token", "token": "</think>"}}
+    tag = {
+        "type": "tag",
+        "begin": {"type": "token", "token": "<think>"},
+        "content": {"type": "const_string", "value": "ok"},
+        "end": {"type": "token", "token": "</think>"},
+    }
     m = compiler.matcher(GrammarSpec.of("structural_tag", json.dumps(tag)))
     _feed(m, [qwen3.id_of("<think>")] + qwen3.encode("ok") + [qwen3.id_of("</think>")])
     assert m.is_completed()
 
 
-@pytest.mark.parametrize(("kind", "value", "needle"), [
-    ("json_schema", '{"type": "objec"}', "objec"),
-    ("json_schema", "[1, 2]", "JSON object"),
-    ("regex", "(a", "parenthesis"),
-    ("grammar", 'root ::= "a" |', "EBNF"),
-    ("choice", "[]", "non-empty"),
-    ("structural_tag", '{"type": "nope"}', "structural"),
-    ("structural_tag", '{"type": "structural_tag", "format": {"type": "tag", "begin": 3}}', "structural_tag"),
-])
+@pytest.mark.parametrize(
+    ("kind", "value", "needle"),
+    [
+        ("json_schema", '{"type": "objec"}', "objec"),
+        ("json_schema", "[1, 2]", "JSON object"),
+        ("regex", "(a", "parenthesis"),
+        ("grammar", 'root ::= "a" |', "EBNF"),
+        ("choice", "[]", "non-empty"),
+        ("structural_tag", '{"type": "nope"}', "structural"),
+        (
+            "structural_tag",
+            '{"type": "structural_tag", "format": {"type": "tag", "begin": 3}}',
+            "structural_tag",
+        ),
+    ],
+)
 def test_bad_specs_say_what_is_wrong(compiler, kind, value, needle):
     with pytest.raises(GrammarError, match=needle):
         compiler.compile(GrammarSpec.of(kind, value))

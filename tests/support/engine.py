@@ -21,7 +21,9 @@ class EngineHarness:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
         self._thread.start()
-        self.client: EngineClient = self.run(lambda: EngineClient.spawn(config, startup_timeout_s=startup_timeout_s))
+        self.client: EngineClient = self.run(
+            lambda: EngineClient.spawn(config, startup_timeout_s=startup_timeout_s)
+        )
 
     def run(self, fn: Callable[[], Awaitable[T]], timeout: float = 600.0) -> T:
         """Run the coroutine ``fn()`` on the harness loop and wait for its result."""
@@ -40,7 +42,9 @@ class EngineHarness:
             self.loop.close()
 
 
-async def collect(client: EngineClient, request: EngineCoreRequest, **kwargs: Any) -> tuple[list[int], RequestOutput, int]:
+async def collect(
+    client: EngineClient, request: EngineCoreRequest, **kwargs: Any
+) -> tuple[list[int], RequestOutput, int]:
     """All token ids of a request, its final output, and how many outputs had a
     finish reason (exactly one, always)."""
     ids: list[int] = []

@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+]
 
 CORPUS = [
     'The weather in Paris is {"city": "Paris", "unit": "celsius"} today.',
@@ -43,14 +51,18 @@ def build_tiny_model(root: Path, *, seed: int = 0) -> Path:
     tok.save(str(root / "tokenizer.json"))
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     rows = -(-vocab_size // 64) * 64
-    (root / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": "<|im_end|>",
-        "bos_token": None,
-        "chat_template": TEMPLATE,
-        "added_tokens_decoder": {
-            str(tok.token_to_id(s)): {"content": s, "special": True} for s in SPECIALS
-        },
-    }))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token": "<|im_end|>",
+                "bos_token": None,
+                "chat_template": TEMPLATE,
+                "added_tokens_decoder": {
+                    str(tok.token_to_id(s)): {"content": s, "special": True} for s in SPECIALS
+                },
+            }
+        )
+    )
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=rows,
@@ -64,7 +76,11 @@ def build_tiny_model(root: Path, *, seed: int = 0) -> Path:
     )
     model = LlamaForCausalLM(config)
     model.save_pretrained(root)
-    (root / "generation_config.json").write_text(json.dumps({
-        "eos_token_id": [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")],
-    }))
+    (root / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token_id": [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")],
+            }
+        )
+    )
     return root

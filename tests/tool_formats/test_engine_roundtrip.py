@@ -42,7 +42,15 @@ MIN_FINISHED_PCT = 90.0
 
 #: base vocabulary -> the families tested on it (their markers are added to it)
 BASES = {
-    "qwen3": ["hermes", "qwen3_coder", "deepseek_v3", "deepseek_v31", "glm45", "minimax_m2", "json:qwen3"],
+    "qwen3": [
+        "hermes",
+        "qwen3_coder",
+        "deepseek_v3",
+        "deepseek_v31",
+        "glm45",
+        "minimax_m2",
+        "json:qwen3",
+    ],
     "llama3": ["llama3_json", "pythonic", "kimi_k2", "mistral", "json:llama3"],
     "o200k_harmony": ["openai"],
 }
@@ -63,8 +71,9 @@ class Figures:
 
     def row(self) -> str:
         return (
-            f"{self.name:<14} {self.generations:>5} gens  {100 * self.finished / self.generations:6.1f}% "
-            f"finished  {100 * self.valid / max(self.finished, 1):6.1f}% valid  "
+            f"{self.name:<14} {self.generations:>5} gens  "
+            f"{100 * self.finished / self.generations:6.1f}% finished  "
+            f"{100 * self.valid / max(self.finished, 1):6.1f}% valid  "
             f"{self.tokens / self.generations:6.1f} tokens  {self.seconds:6.1f} s"
         )
 
@@ -97,11 +106,17 @@ def _ending_texts(base: str, markers: list[str]) -> list[str]:
 def engine(request):
     base = request.param
     markers = _markers(base)
-    h = EngineHarness(EngineConfig(
-        model="random", tokenizer=base, extra_special_tokens=markers,
-        ending_texts=_ending_texts(base, markers),
-        max_num_seqs=256, compile_timeout_s=60, seed=11,
-    ))
+    h = EngineHarness(
+        EngineConfig(
+            model="random",
+            tokenizer=base,
+            extra_special_tokens=markers,
+            ending_texts=_ending_texts(base, markers),
+            max_num_seqs=256,
+            compile_timeout_s=60,
+            seed=11,
+        )
+    )
     h.base = base
     yield h
     h.close()
@@ -124,12 +139,22 @@ def _run(engine: EngineHarness, name: str, count: int) -> Figures:
         for named in (None, rng.choice(tools).name):
             for parallel in (True, False):
                 spec = fmt.constraint(tools, named=named, parallel=parallel)
-                cases.append((f"set={k} named={named} parallel={parallel}", tools, named, parallel,
-                              StructuredOutputSpec(spec.kind.value, spec.value), rng))
+                cases.append(
+                    (
+                        f"set={k} named={named} parallel={parallel}",
+                        tools,
+                        named,
+                        parallel,
+                        StructuredOutputSpec(spec.kind.value, spec.value),
+                        rng,
+                    )
+                )
 
     async def body():
         reqs = [
-            EngineCoreRequest(f"{name}-{i}", prompt, SamplingParams(max_tokens=MAX_TOKENS, seed=i), spec)
+            EngineCoreRequest(
+                f"{name}-{i}", prompt, SamplingParams(max_tokens=MAX_TOKENS, seed=i), spec
+            )
             for i, (_, _, _, _, spec, _) in enumerate(cases)
         ]
         return await asyncio.gather(*(collect(engine.client, r) for r in reqs))
@@ -137,9 +162,13 @@ def _run(engine: EngineHarness, name: str, count: int) -> Figures:
     t0 = time.monotonic()
     results = engine.run(body, timeout=3000)
     fig = Figures(name, seconds=time.monotonic() - t0)
-    for (case, tools, named, parallel, _, rng), (ids, final, finals) in zip(cases, results, strict=True):
+    for (case, tools, named, parallel, _, rng), (ids, final, finals) in zip(
+        cases, results, strict=True
+    ):
         assert finals == 1
-        assert final.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), f"{case}: {final.error}"
+        assert final.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), (
+            f"{case}: {final.error}"
+        )
         fig.generations += 1
         fig.tokens += len(ids)
         if final.finish_reason != FinishReason.STOP:
@@ -168,7 +197,9 @@ def _check(engine: EngineHarness, family: str, count: int) -> None:
     fig = _run(engine, family, count)
     print("\n" + fig.row())
     assert not fig.failures, "\n".join(fig.failures[:5])
-    assert 100 * fig.finished / fig.generations >= MIN_FINISHED_PCT, "\n".join([fig.row(), *fig.unfinished])
+    assert 100 * fig.finished / fig.generations >= MIN_FINISHED_PCT, "\n".join(
+        [fig.row(), *fig.unfinished]
+    )
 
 
 @pytest.mark.parametrize(("engine", "family"), CASES, ids=IDS, indirect=["engine"])
