@@ -23,6 +23,14 @@ class RandomLogitsRunner(ModelRunner):
     The model grows impatient: once it has written more than `PATIENCE` tokens since
     its last closing token, the closing bias grows with every further token, so a
     string whose format lets it run on (a domain name, an identifier) still closes.
+    Likewise past `PATIENCE` tokens since its last special token, the bias of the
+    end-like special tokens (``</arg_value>``, stop tokens) grows: free text that only
+    such a marker ends (markup values) holds quotes and brackets that count as closers
+    without closing anything, and those few tokens would otherwise never outweigh the
+    thousands of ordinary closers. And numbers stay short: past `MAX_DIGITS` digits in
+    a row, tokens made only of digits are penalised more with every further one (a
+    number followed by a comma, as in Python keyword arguments, has no closer to end
+    it, and would otherwise run on for hundreds of digits).
 
     With ``ending_texts``, the model also leans towards writing those texts: the first
     token of each gets a small boost, and once an output ends with the beginning of
@@ -38,6 +46,18 @@ class RandomLogitsRunner(ModelRunner):
         self._pool = torch.from_numpy(pool).to(self.device)
         self._is_closer = bias > 0
         self._closers = torch.from_numpy(np.flatnonzero(self._is_closer)).to(self.device)
+        self._is_special = np.zeros(self.vocab_rows, dtype=bool)
+        specials = [t for t in tokenizer.special_tokens.values() if t < self.vocab_rows]
+        self._is_special[specials] = True
+        self._special_closers = torch.from_numpy(
+            np.flatnonzero(self._is_closer & self._is_special)
+        ).to(self.device)
+        digits = np.zeros(self.vocab_rows, dtype=np.int64)
+        for tid, b in enumerate(tokenizer.all_token_bytes):
+            if b and b.isdigit():
+                digits[tid] = len(b)
+        self._digits = digits
+        self._digit_tokens = torch.from_numpy(np.flatnonzero(digits)).to(self.device)
         self._since: dict[str, list[int]] = {}  # request -> [tokens seen, since a closer]
         self._out = torch.empty(
             (options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device
@@ -72,20 +92,25 @@ class RandomLogitsRunner(ModelRunner):
     def _grow_impatient(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
         if self.options.closing_bias <= 0 or not len(self._closers):
             return
-        is_closer = self._is_closer
+        is_closer, is_special = self._is_closer, self._is_special
         for i, r in enumerate(rows):
             st = self._since.get(r.request_id)
-            if st is None:
-                st = self._since[r.request_id] = [0, 0]
+            if st is None:  # tokens seen, since a closer, since a special token, digits
+                st = self._since[r.request_id] = [0, 0, 0, 0]
             ids = r.output_ids
             for t in ids[st[0] :]:
                 st[1] = 0 if is_closer[t] else st[1] + 1
+                st[2] = 0 if is_special[t] else st[2] + 1
+                st[3] = st[3] + self._digits[t] if self._digits[t] else 0
             st[0] = len(ids)
-            if st[1] > PATIENCE:
-                extra = self.options.closing_bias * (st[1] - PATIENCE) / PATIENCE
-                out[i].index_add_(
-                    0, self._closers, torch.full_like(self._closers, extra, dtype=out.dtype)
-                )
+            if st[3] > MAX_DIGITS and len(self._digit_tokens):
+                cut = -self.options.closing_bias * (st[3] - MAX_DIGITS)
+                d = self._digit_tokens
+                out[i].index_add_(0, d, torch.full_like(d, cut, dtype=out.dtype))
+            for since, which in ((st[1], self._closers), (st[2], self._special_closers)):
+                if since > PATIENCE and len(which):
+                    extra = self.options.closing_bias * (since - PATIENCE) / PATIENCE
+                    out[i].index_add_(0, which, torch.full_like(which, extra, dtype=out.dtype))
 
     def _lean_to_endings(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
         ri: list[int] = []
@@ -113,6 +138,9 @@ class RandomLogitsRunner(ModelRunner):
 
 #: tokens without a closing token before the closing bias starts to grow
 PATIENCE = 16
+
+#: digits in a row before digit tokens are penalised
+MAX_DIGITS = 8
 
 #: logit boosts towards `RunnerOptions.ending_texts`
 ENDING_START_BIAS = 4.0
