@@ -58,7 +58,7 @@ class RandomLogitsRunner(ModelRunner):
                 digits[tid] = len(b)
         self._digits = digits
         self._digit_tokens = torch.from_numpy(np.flatnonzero(digits)).to(self.device)
-        self._since: dict[str, list[int]] = {}  # request -> [tokens seen, since a closer]
+        self._since: dict[str, list[int]] = {}  # request -> counters (see _grow_impatient)
         self._out = torch.empty(
             (options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device
         )
