@@ -246,8 +246,8 @@ class EngineCore:
             return out
         forward = self._model_thread.submit(self.runner.forward, batch)
         cons, ok = self._prepare(batch, out)
+        sb = self._sampling_batch(batch)  # while the forward pass runs, like _prepare
         logits = forward.result()
-        sb = self._sampling_batch(batch)
         tokens = self.sampler.sample(logits, sb, cons)
         self.num_steps += 1
         self._commit(batch, tokens, ok, out)

@@ -19,19 +19,12 @@ import pytest
 
 from engine_core.client import EngineClient
 from ipc import AddressError, ErrorNotice, MsgType, check_bind_address, free_tcp_port
+from tests.test_layout import OURS
 
 from .support import ROOT, RawPeer, ServedEngine
 
-PACKAGES = [
-    "tokenization",
-    "ipc",
-    "reasoning",
-    "structured_output",
-    "engine_core",
-    "frontend",
-    "thinkgate",
-    "bench",
-]
+#: every package of the project, as the layout test lists them
+PACKAGES = sorted(OURS)
 #: modules whose import alone is the problem: they (un)pickle, or run code from data
 BANNED_MODULES = {
     "pickle",

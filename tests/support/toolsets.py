@@ -36,23 +36,13 @@ def _enum(values: list[str], description: str) -> Callable[[random.Random], Sche
     return lambda rng: {"type": "string", "enum": values, "description": description}
 
 
-def _integer(lo: int | None, hi: int | None, description: str) -> Callable[[random.Random], Schema]:
-    def make(rng: random.Random) -> Schema:
-        s: Schema = {"type": "integer", "description": description}
-        if lo is not None:
-            s["minimum"] = lo
-        if hi is not None:
-            s["maximum"] = hi
-        return s
-
-    return make
-
-
-def _number(
-    lo: float | None, hi: float | None, description: str
+def _bounded(
+    kind: str, lo: float | None, hi: float | None, description: str
 ) -> Callable[[random.Random], Schema]:
+    """An ``integer`` or ``number`` schema with the bounds that are not None."""
+
     def make(rng: random.Random) -> Schema:
-        s: Schema = {"type": "number", "description": description}
+        s: Schema = {"type": kind, "description": description}
         if lo is not None:
             s["minimum"] = lo
         if hi is not None:
@@ -91,15 +81,15 @@ SCALARS: dict[str, Callable[[random.Random], Schema]] = {
     "status": _enum(["open", "closed", "all"], "Status filter"),
     "mode": _enum(["driving", "walking", "transit", "cycling"], "Travel mode"),
     "note": lambda rng: {"type": ["string", "null"], "description": "Optional note"},
-    "limit": _integer(1, 100, "Maximum number of results"),
-    "page": _integer(1, None, "Page number, from 1"),
-    "year": _integer(1900, 2100, "Calendar year"),
-    "days": _integer(0, 30, "Number of days ahead"),
-    "quantity": _integer(None, None, "How many"),
-    "amount": _number(0, None, "Amount of money"),
-    "latitude": _number(-90, 90, "Latitude in degrees"),
-    "longitude": _number(-180, 180, "Longitude in degrees"),
-    "temperature": _number(None, None, "Temperature"),
+    "limit": _bounded("integer", 1, 100, "Maximum number of results"),
+    "page": _bounded("integer", 1, None, "Page number, from 1"),
+    "year": _bounded("integer", 1900, 2100, "Calendar year"),
+    "days": _bounded("integer", 0, 30, "Number of days ahead"),
+    "quantity": _bounded("integer", None, None, "How many"),
+    "amount": _bounded("number", 0, None, "Amount of money"),
+    "latitude": _bounded("number", -90, 90, "Latitude in degrees"),
+    "longitude": _bounded("number", -180, 180, "Longitude in degrees"),
+    "temperature": _bounded("number", None, None, "Temperature"),
     "include_archived": _boolean("Include archived items"),
     "verbose": _boolean("Return extra detail"),
     "dry_run": _boolean("Validate without applying"),
