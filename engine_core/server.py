@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import zmq
@@ -19,6 +22,7 @@ from ipc import (
     NOT_GREETED,
     PROTOCOL_VERSION,
     AbortRequests,
+    AddressError,
     Codec,
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -39,7 +43,7 @@ from ipc import (
 from reasoning import load_plugin
 from tokenization import load_tokenizer
 
-from .config import EngineConfig
+from .config import EngineConfig, StartupError
 from .engine import EngineCore
 
 log = logging.getLogger("thinkgate.engine")
@@ -60,18 +64,18 @@ WAKE = _Wake()
 
 
 class EngineServer:
-    def __init__(self, config: EngineConfig) -> None:
+    """Start-up builds the core, then the socket (in that order: nothing is left in
+    the temp folder when loading fails); whatever it built before a failure, or an
+    interrupt, is closed again."""
+
+    def __init__(
+        self, config: EngineConfig, *, on_ready: Callable[[EngineServer], None] | None = None
+    ) -> None:
+        """``on_ready(server)`` is called once start-up is complete (the last step):
+        from then on the server must be stopped with `stop`."""
         self.config = config
-        if config.reasoning_parser_plugin:
-            load_plugin(config.reasoning_parser_plugin)
         self._own_dir: Path | None = None
-        if config.address:
-            self.address = config.address
-            check_bind_address(self.address, allow_remote=config.allow_remote)
-        else:
-            self.address, self._own_dir = private_ipc_address()
-        tokenizer = load_tokenizer(config.resolved_tokenizer(), config.extra_special_tokens)
-        self.core = EngineCore(config, tokenizer)
+        self.core: EngineCore | None = None
         self.inbox: queue.SimpleQueue[tuple[bytes, object]] = queue.SimpleQueue()
         self.stopping = threading.Event()
         self._codec_main = Codec()
@@ -79,10 +83,40 @@ class EngineServer:
         self._clients: dict[bytes, float] = {}  # IO thread only: last frame time
         self._pending: list[tuple[bytes, EngineCoreOutput]] = []  # main thread: outputs to send
         self._last_beat = 0.0
+        self.pump: SocketPump | None = None
+        self._serving = False  # the socket is up
+        try:
+            self._start()
+            if on_ready is not None:
+                on_ready(self)
+        except BaseException:
+            self._close()
+            raise
+
+    def _start(self) -> None:
+        config = self.config
+        if config.address:
+            check_bind_address(config.address, allow_remote=config.allow_remote)
+        plugin = config.reasoning_parser_plugin
+        if plugin:
+            with _startup_step(f"cannot load --reasoning-parser-plugin {plugin!r}"):
+                load_plugin(plugin)
+        device = config.resolved_device()
+        name = config.resolved_tokenizer()
+        log.info("loading tokenizer %s", name)
+        with _startup_step(f"cannot load tokenizer {name!r}"):
+            tokenizer = load_tokenizer(name, config.extra_special_tokens)
+        log.info("starting model %s on %s, and the grammar compilers", config.model, device)
+        with _startup_step("cannot start the engine"):
+            self.core = EngineCore(config, tokenizer, device=device)
+        if config.address:
+            self.address = config.address
+        else:
+            self.address, self._own_dir = private_ipc_address()
         self.handshake = Handshake(
             protocol_version=PROTOCOL_VERSION,
             model=config.model,
-            tokenizer=config.resolved_tokenizer(),
+            tokenizer=name,
             vocab_rows=self.core.vocab_rows,
             reasoning_parser=config.reasoning_parser,
             max_num_seqs=config.max_num_seqs,
@@ -99,6 +133,9 @@ class EngineServer:
             tick_s=0.1,
             name="thinkgate-engine-io",
         )
+        with _startup_step(f"cannot bind {self.address}"):
+            self.pump.start()
+        self._serving = True
 
     # ----- IO thread --------------------------------------------------------------
 
@@ -210,7 +247,6 @@ class EngineServer:
         self.inbox.put((b"", WAKE))
 
     def serve(self) -> None:
-        self.pump.start()
         log.info(
             "engine ready on %s (model %s, %d vocabulary rows, device %s)",
             self.address,
@@ -246,18 +282,18 @@ class EngineServer:
             self._pending += core.abort(client, msg.request_ids)
         elif isinstance(msg, HealthRequest):
             self._send_pending()  # a reply comes after the outputs of what came before it
-            so = core.so
+            st = core.stats()
             self._reply_main(
                 client,
                 HealthReply(
                     msg.nonce,
-                    core.num_running,
-                    core.num_waiting,
-                    core.num_steps,
-                    num_requests=len(core.requests),
-                    num_guides=so.num_guides,
-                    num_compiling=so.num_compiling,
-                    num_cached_grammars=so.num_cached_grammars,
+                    st.num_running,
+                    st.num_waiting,
+                    st.num_steps,
+                    num_requests=st.num_requests,
+                    num_guides=st.num_guides,
+                    num_compiling=st.num_compiling,
+                    num_cached_grammars=st.num_cached_grammars,
                     num_clients=len(self._clients),  # the IO thread's dict; len() is atomic
                 ),
             )
@@ -290,20 +326,55 @@ class EngineServer:
             self._reply_main(client, EngineCoreOutputs(outs, now))
 
     def _shutdown(self) -> None:
-        core = self.core
-        self._send_pending()
-        pending = list(core.requests.values())
-        out = []
-        for r in pending:
-            out += core.abort(r.client, [r.request_id])
-        for _client, o in out:
-            o.error = "the engine shut down"
-        self._send(out)
-        self.pump.close()
-        core.close()
-        if self._own_dir is not None:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
+        """Every request still held gets its final output (aborted: the engine shut
+        down), then the socket, the model and the compilers close."""
+        try:
+            self._send_pending()
+            self._send(self.core.abort_all("the engine shut down"))
+        finally:
+            self._close()
         log.info("engine stopped")
+
+    def _close(self) -> None:
+        """Close what start-up built; each part whatever becomes of the others."""
+        try:
+            if self.pump is not None:
+                self.pump.close()
+                if self._serving:
+                    _deliver_queued(timeout_s=2.0)
+        finally:
+            try:
+                if self.core is not None:
+                    self.core.close()
+            finally:
+                if self._own_dir is not None:
+                    shutil.rmtree(self._own_dir, ignore_errors=True)
+                    self._own_dir = None
+
+
+def _deliver_queued(timeout_s: float) -> None:
+    """Let ZeroMQ send what its closed sockets still hold (up to their linger), so
+    that final outputs reach their clients even though the process exits without
+    running the interpreter's clean-up. Bounded: a socket still open would make it
+    wait for ever."""
+    t = threading.Thread(target=zmq.Context.instance().term, name="zmq-term", daemon=True)
+    t.start()
+    t.join(timeout_s)
+
+
+@contextlib.contextmanager
+def _startup_step(what: str) -> Iterator[None]:
+    """Turn a start-up failure that the settings explain (a name that is not found, a
+    file that is not there, a value a component refuses) into one `StartupError`
+    line; its traceback goes to the debug log."""
+    try:
+        yield
+    except StartupError:
+        raise
+    except (OSError, ValueError, LookupError, ImportError, zmq.ZMQError) as e:
+        log.debug("%s", what, exc_info=True)
+        detail = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise StartupError(f"{what}: {detail}") from None
 
 
 def _alive(pid: int) -> bool:
@@ -318,12 +389,32 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def run_engine(config: EngineConfig) -> None:
+def run_engine(config: EngineConfig, *, prog: str = "thinkgate engine") -> int:
+    """Run the engine until SIGTERM, SIGINT or a client's Shutdown. Returns the exit
+    code: 0, or 2 when it could not start (a bad setting, a missing file, no CUDA, an
+    interrupt while loading), after one line on stderr that says why."""
     logging.basicConfig(
         level=getattr(logging, config.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    server = EngineServer(config)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
-    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    # While loading, SIGTERM and SIGINT interrupt start-up (which cleans up after
+    # itself); once the server is ready, they stop it.
+    ready: list[EngineServer] = []
+
+    def on_signal(signum, frame) -> None:
+        if not ready:
+            raise KeyboardInterrupt
+        ready[0].stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        server = EngineServer(config, on_ready=ready.append)
+    except (StartupError, AddressError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: error: interrupted while starting", file=sys.stderr, flush=True)
+        return 2
     server.serve()
+    return 0

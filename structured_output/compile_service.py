@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,9 +89,16 @@ class _Job:
 
 
 class _Worker:
-    """One compile worker process, used by one dispatcher thread only."""
+    """One compile worker process, used by one dispatcher thread only (and killed by
+    `CompileService.close` from another)."""
 
-    def __init__(self, init: bytes, start_timeout_s: float) -> None:
+    def __init__(
+        self,
+        init: bytes,
+        start_timeout_s: float,
+        track: Callable[[_Worker], None],
+        untrack: Callable[[_Worker], None],
+    ) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
@@ -103,10 +111,18 @@ class _Worker:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin = self.proc.stdin
         self.stdout = self.proc.stdout
-        write_frame(self.stdin, init)
-        reply = self.read(start_timeout_s)
-        if reply is None or reply.job_id != -1:
+        try:
+            track(self)  # from now on `close` can stop it, even while it starts
+        except BaseException:
             self.kill()
+            raise
+        try:
+            write_frame(self.stdin, init)
+            reply = self.read(start_timeout_s)
+        except OSError:
+            reply = None
+        if reply is None or reply.job_id != -1:
+            untrack(self)
             raise RuntimeError("grammar compile worker failed to start")
 
     def read(self, timeout_s: float) -> CompileReply | None:
@@ -170,6 +186,9 @@ class CompileService:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._closed = False
+        #: every worker process alive (started or starting), so that `close` can stop
+        #: them at once, whatever their dispatcher is waiting for
+        self._workers: set[_Worker] = set()
         self.num_timeouts = 0
         self.num_compiled = 0
         self._threads = [
@@ -218,13 +237,36 @@ class CompileService:
         """Compiles queued or running."""
         return len(self._inflight)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop at once: the workers are killed (a compile under way fails its
+        requests; a worker still starting does not finish), and the dispatchers end.
+        Waits up to ``timeout_s`` for them."""
         with self._lock:
             self._closed = True
+            workers = list(self._workers)
         for _ in self._threads:
             self._jobs.put(None)
+        for w in workers:
+            w.proc.kill()  # its dispatcher's read returns; the dispatcher reaps it
+        deadline = time.monotonic() + timeout_s
+        for w in workers:
+            try:
+                w.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("grammar compile worker %d did not exit", w.proc.pid)
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def _track(self, worker: _Worker) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the compile service is closed")
+            self._workers.add(worker)
+
+    def _untrack(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers.discard(worker)
+        worker.kill()
 
     def _finish(self, job: _Job, grammar: xgr.CompiledGrammar | None, error: str | None) -> None:
         with self._lock:
@@ -238,10 +280,13 @@ class CompileService:
             job.future.set_exception(GrammarError(error or "grammar compilation failed"))
 
     def _start_worker(self) -> _Worker | None:
+        if self._closed:
+            return None
         try:
-            worker = _Worker(self._init, self._start_timeout_s)
+            worker = _Worker(self._init, self._start_timeout_s, self._track, self._untrack)
         except (OSError, RuntimeError) as e:
-            log.error("cannot start a grammar compile worker: %s", e)
+            if not self._closed:
+                log.error("cannot start a grammar compile worker: %s", e)
             return None
         log.info("grammar compile worker %d is ready", worker.proc.pid)
         return worker
@@ -271,8 +316,8 @@ class CompileService:
             # No reply before the deadline: its pipe closed, so it died. (poll() cannot
             # tell yet: a process closes its files before it becomes a zombie.)
             died = reply is None and time.monotonic() < deadline
-            worker.kill()
-            if not died or attempt == 2:
+            self._untrack(worker)
+            if not died or attempt == 2 or self._closed:
                 return None, None
             log.warning(
                 "grammar compile worker %d died (code %s) on a %s; trying it once "
@@ -288,8 +333,6 @@ class CompileService:
         return None, None
 
     def _dispatch(self) -> None:
-        import xgrammar as xgr
-
         worker: _Worker | None = None
         try:
             while True:
@@ -300,46 +343,61 @@ class CompileService:
                     return
                 if not job.future.set_running_or_notify_cancel():
                     continue  # released by every request that wanted it
-                if worker is not None and worker.proc.poll() is not None:
-                    # it died idle (killed, say): that is no fault of this job's
-                    log.warning(
-                        "grammar compile worker %d exited (code %s) while idle; starting another",
-                        worker.proc.pid,
-                        worker.proc.returncode,
-                    )
-                    worker.kill()
-                    worker = None
-                if worker is None:  # the last start failed, or the worker died idle: try now
-                    worker = self._start_worker()
-                if worker is None:
-                    self._finish(job, None, "no grammar compile worker is available")
-                    continue
-                deadline = time.monotonic() + self.timeout_s
-                reply, worker = self._compile(worker, job, deadline)
-                if reply is None:
-                    if time.monotonic() >= deadline:
-                        self.num_timeouts += 1
-                        msg = (
-                            f"{job.spec.kind.value} compilation exceeded the time limit of "
-                            f"{self.timeout_s:g} s"
-                        )
-                    else:
-                        msg = f"the grammar compiler failed on this {job.spec.kind.value}"
-                    self._finish(job, None, msg)
-                elif not reply.ok:
-                    self._finish(job, None, reply.error)
-                else:
-                    try:
-                        grammar = xgr.CompiledGrammar.deserialize_json(
-                            reply.grammar_json, self._info
-                        )
-                    except (RuntimeError, ValueError) as e:
-                        self._finish(job, None, f"compiled grammar could not be loaded: {e}")
-                    else:
-                        self._finish(job, grammar, None)
+                try:
+                    worker = self._run(worker, job)
+                except Exception as e:
+                    # Nothing may end this thread: the requests of every later job would
+                    # wait for ever. This job fails; its worker, in an unknown state, goes.
+                    log.exception("grammar compile dispatcher failed on a %s", job.spec.kind.value)
+                    if worker is not None:
+                        self._untrack(worker)
+                        worker = None
+                    if not job.future.done():
+                        self._finish(job, None, f"internal error while compiling: {e!r}")
         finally:
             if worker is not None:
-                worker.kill()
+                self._untrack(worker)
+
+    def _run(self, worker: _Worker | None, job: _Job) -> _Worker | None:
+        """Compile ``job`` and settle its future; returns the worker to use next."""
+        import xgrammar as xgr
+
+        if worker is not None and worker.proc.poll() is not None:
+            # it died idle (killed, say): that is no fault of this job's
+            log.warning(
+                "grammar compile worker %d exited (code %s) while idle; starting another",
+                worker.proc.pid,
+                worker.proc.returncode,
+            )
+            self._untrack(worker)
+            worker = None
+        if worker is None:  # the last start failed, or the worker died idle: try now
+            worker = self._start_worker()
+        if worker is None:
+            self._finish(job, None, "no grammar compile worker is available")
+            return None
+        deadline = time.monotonic() + self.timeout_s
+        reply, worker = self._compile(worker, job, deadline)
+        if reply is None:
+            if time.monotonic() >= deadline:
+                self.num_timeouts += 1
+                msg = (
+                    f"{job.spec.kind.value} compilation exceeded the time limit of "
+                    f"{self.timeout_s:g} s"
+                )
+            else:
+                msg = f"the grammar compiler failed on this {job.spec.kind.value}"
+            self._finish(job, None, msg)
+        elif not reply.ok:
+            self._finish(job, None, reply.error)
+        else:
+            try:
+                grammar = xgr.CompiledGrammar.deserialize_json(reply.grammar_json, self._info)
+            except (RuntimeError, ValueError) as e:
+                self._finish(job, None, f"compiled grammar could not be loaded: {e}")
+            else:
+                self._finish(job, grammar, None)
+        return worker
 
 
 def _done(grammar: xgr.CompiledGrammar) -> Future[xgr.CompiledGrammar]:

@@ -144,6 +144,9 @@ class RequestGuide:
 
     @property
     def terminated(self) -> bool:
+        """Whether the grammar has ended: its matcher accepted a stop token that the
+        grammar allowed (so the answer is complete). The engine asks right after
+        feeding a stop token."""
         return self.matcher is not None and self.matcher.is_terminated()
 
     # ----- feed -------------------------------------------------------------------

@@ -8,13 +8,13 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reasoning import ReasoningError, ReasoningParser, create_reasoning_parser
 
 from .bitmask import BitmaskFiller, FilledMask
 from .compile_service import CompileService
+from .config import StructuredOutputConfig
 from .guide import RequestGuide, SeparatorTable
 from .specs import CompileOptions, GrammarSpec
 from .vocab import tokenizer_info_for
@@ -23,21 +23,6 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
     from tokenization import Tokenizer
-
-
-@dataclass(frozen=True, slots=True)
-class StructuredOutputConfig:
-    max_whitespace: int = 16
-    max_spec_bytes: int = 1 << 20
-    compile_workers: int = 2
-    compile_timeout_s: float = 10.0
-    cache_bytes: int = 512 << 20
-    worker_memory_bytes: int = 8 << 30
-    #: a compiled grammar larger than this (serialized, as it travels from its worker)
-    #: is refused: loading it costs the engine several times as much
-    max_compiled_bytes: int = 256 << 20
-    fill_batch_threshold: int = 64
-    fill_threads: int = 2
 
 
 class StructuredOutputManager:
@@ -68,18 +53,22 @@ class StructuredOutputManager:
             self.tokenizer_info,
             num_workers=config.compile_workers,
             timeout_s=config.compile_timeout_s,
-            cache_bytes=config.cache_bytes,
-            worker_memory_bytes=config.worker_memory_bytes,
-            max_compiled_bytes=config.max_compiled_bytes,
+            cache_bytes=config.grammar_cache_mb << 20,
+            worker_memory_bytes=config.compile_worker_memory_mb << 20,
+            max_compiled_bytes=config.max_compiled_grammar_mb << 20,
         )
-        self.filler = BitmaskFiller(
-            max_num_seqs,
-            tokenizer.vocab_rows,
-            pin_memory=pin_memory,
-            num_buffers=2 if pin_memory else 1,
-            batch_threshold=config.fill_batch_threshold,
-            max_threads=config.fill_threads,
-        )
+        try:
+            self.filler = BitmaskFiller(
+                max_num_seqs,
+                tokenizer.vocab_rows,
+                pin_memory=pin_memory,
+                num_buffers=2 if pin_memory else 1,
+                batch_threshold=config.fill_batch_threshold,
+                max_threads=config.fill_threads,
+            )
+        except BaseException:
+            self.compiler.close()  # its workers, started already
+            raise
 
     def parser_for(self, kwargs: Mapping[str, Any] | None) -> ReasoningParser | None:
         """The engine's reasoning parser built with a request's chat-template kwargs

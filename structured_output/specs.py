@@ -73,6 +73,8 @@ def check_spec(spec: GrammarSpec, options: CompileOptions) -> None:
             value = json.loads(spec.value)
         except ValueError as e:
             raise GrammarError(f"{spec.kind.value} spec is not valid JSON: {e}") from None
+        except RecursionError:
+            raise GrammarError(f"{spec.kind.value} spec is nested too deeply") from None
         if spec.kind == SpecKind.JSON_SCHEMA and not isinstance(value, dict | bool):
             raise GrammarError("json_schema spec must be a JSON object (or a boolean)")
         if spec.kind == SpecKind.CHOICE and not (

@@ -25,6 +25,7 @@ from frontend.config import ConfigError, FrontendConfig
 from frontend.protocol import ChatCompletion, ChatMessage, ErrorResponse, Usage
 from frontend.response import fold_chunks
 from frontend.serving import ChatFrontend
+from structured_output.config import StructuredOutputConfig
 
 
 def _think(text: str) -> str:
@@ -261,10 +262,10 @@ async def _demo(args: argparse.Namespace) -> int:
         config = EngineConfig(
             model="scripted",
             tokenizer="qwen3",
-            script=script,
+            runner_options={"script": script},
             reasoning_parser="qwen3",
             device="cpu",
-            compile_workers=1,
+            structured_output=StructuredOutputConfig(compile_workers=1),
             log_level="WARNING",
         )
         try:

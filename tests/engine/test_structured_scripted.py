@@ -12,6 +12,7 @@ import pytest
 from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from reasoning import create_reasoning_parser
+from structured_output.config import StructuredOutputConfig
 from tests.support.engine import EngineHarness, collect
 from tokenization import load_tokenizer
 
@@ -56,7 +57,11 @@ SCRIPT = {
 def engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("script") / "script.json"
     path.write_text(json.dumps(SCRIPT))
-    h = EngineHarness(EngineConfig(model="scripted", script=str(path), reasoning_parser="qwen3"))
+    h = EngineHarness(
+        EngineConfig(
+            model="scripted", runner_options={"script": str(path)}, reasoning_parser="qwen3"
+        )
+    )
     yield h
     h.close()
 
@@ -221,7 +226,11 @@ def test_errors_end_their_own_request_while_50_others_finish(tmp_path):
         "too_big": StructuredOutputSpec("regex", "a" * 200_000),
     }
     h = EngineHarness(
-        EngineConfig(model="random", compile_timeout_s=1.5, max_spec_bytes=100_000, seed=5)
+        EngineConfig(
+            model="random",
+            seed=5,
+            structured_output=StructuredOutputConfig(compile_timeout_s=1.5, max_spec_bytes=100_000),
+        )
     )
     try:
         good_spec = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))

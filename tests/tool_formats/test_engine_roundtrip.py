@@ -28,6 +28,7 @@ from engine_core.config import EngineConfig
 from frontend.tool_formats import ToolFormat, get_tool_format_class
 from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
+from structured_output.config import StructuredOutputConfig
 from tests.support.constrained_sampler import free_text_ends
 from tests.support.engine import EngineHarness, collect
 from tests.support.roundtrip import call_errors, random_cuts, same_output, stream_parse
@@ -111,9 +112,9 @@ def engine(request):
             model="random",
             tokenizer=base,
             extra_special_tokens=markers,
-            ending_texts=_ending_texts(base, markers),
+            runner_options={"ending_texts": _ending_texts(base, markers)},
             max_num_seqs=256,
-            compile_timeout_s=60,
+            structured_output=StructuredOutputConfig(compile_timeout_s=60),
             seed=11,
         )
     )
