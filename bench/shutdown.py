@@ -49,6 +49,8 @@ class Run:
     exit_s: float
     code: int
     requests: int
+    #: requests still running when the signal was sent
+    running: int
     finals_ok: int
     left_workers: int
     left_files: list[str]
@@ -117,21 +119,28 @@ class Engine:
         self.tmp.cleanup()
 
 
-async def _stream(client: EngineClient, req: EngineCoreRequest) -> bool:
-    """Whether the request got exactly one final output, aborted because the engine
-    shut down."""
-    finals = []
+async def _stream(client: EngineClient, req: EngineCoreRequest, started: asyncio.Semaphore) -> bool:
+    """Whether the request got exactly one final output: aborted because the engine
+    shut down, or (a constrained one whose grammar ended before the signal) a normal
+    one."""
+    outs = []
     try:
         async for out in client.generate(req):
-            if out.finished:
-                finals.append(out)
+            if not outs:
+                started.release()
+            outs.append(out)
     except Exception:  # noqa: BLE001 - counted as not ok
         return False
-    return (
-        len(finals) == 1
-        and finals[0].finish_reason == FinishReason.ABORT
-        and "shut down" in (finals[0].error or "")
-    )
+    finals = [o for o in outs if o.finished]
+    if len(finals) != 1 or outs[-1] is not finals[0]:
+        return False
+    final = finals[0]
+    if final.error is None:
+        return req.structured_output is not None and final.finish_reason in (
+            FinishReason.STOP,
+            FinishReason.LENGTH,
+        )
+    return final.finish_reason == FinishReason.ABORT and final.error == "the engine shut down"
 
 
 async def one_run(mode: str, n_requests: int, extra_args: list[str]) -> Run:
@@ -141,22 +150,25 @@ async def one_run(mode: str, n_requests: int, extra_args: list[str]) -> Run:
         tasks: list[asyncio.Task[bool]] = []
         try:
             if mode == "load":
+                prompt = client.tokenizer().encode(
+                    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+                )
+                started = asyncio.Semaphore(0)
                 for i in range(n_requests):
                     spec = StructuredOutputSpec("json_schema", SCHEMA) if i % 2 else None
                     req = EngineCoreRequest(
                         f"r{i}",
-                        [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198],
+                        prompt,
                         SamplingParams(max_tokens=30_000, ignore_eos=True, seed=i),
                         spec,
                     )
-                    tasks.append(asyncio.create_task(_stream(client, req)))
-                deadline = time.monotonic() + 120
-                while (await client.health()).num_running < n_requests:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the requests never all ran")
-                    await asyncio.sleep(0.05)
+                    tasks.append(asyncio.create_task(_stream(client, req, started)))
+                for _ in range(n_requests):  # every request has begun to write
+                    await asyncio.wait_for(started.acquire(), 120)
+                running = (await client.health()).num_running
             else:
                 await client.health()
+                running = 0
             workers = _children(engine.proc.pid)
             t0 = time.monotonic()
             engine.proc.send_signal(signal.SIGTERM)
@@ -170,6 +182,7 @@ async def one_run(mode: str, n_requests: int, extra_args: list[str]) -> Run:
             exit_s,
             code,
             len(tasks),
+            running,
             sum(oks),
             sum(_alive(p) for p in workers),
             engine.left_files(),
@@ -198,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run)
             print(
                 f"{run.mode:5} exit {run.exit_s:5.2f} s  code {run.code}  "
-                f"finals ok {run.finals_ok}/{run.requests}  "
+                f"running at the signal {run.running}  finals ok {run.finals_ok}/{run.requests}  "
                 f"workers left {run.left_workers}  files left {run.left_files}",
                 flush=True,
             )
