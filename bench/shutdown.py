@@ -5,9 +5,14 @@ what it leaves behind.
 engine_core`` (random model, its own temp folder as TMPDIR), waits for its handshake,
 then:
 
-- idle: sends SIGTERM at once and times the exit;
+- start: sends SIGTERM as soon as it says it listens (its compile workers are still
+  starting) and times the exit;
+- idle: connects, waits for one health reply, then sends SIGTERM and times the exit;
 - load: first runs ``--requests`` long requests (half of them under a JSON schema),
-  waits until all are in the batch, then sends SIGTERM and times the exit.
+  waits until each has begun to write, then sends SIGTERM and times the exit.
+
+``--baseline-root DIR`` times the engine of another checkout too, run by run beside
+this one (``git worktree add /tmp/base <commit>``).
 
 For each run it checks that every stream got exactly one final output, aborted with an
 error saying the engine shut down, and that nothing is left: no compile worker alive,
@@ -90,14 +95,15 @@ def _alive(pid: int) -> bool:
 class Engine:
     """``python -m engine_core`` with a temp folder of its own."""
 
-    def __init__(self, extra_args: list[str]) -> None:
+    def __init__(self, extra_args: list[str], root: Path) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="shutdown-bench-")
-        env = dict(os.environ, TMPDIR=self.tmp.name, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, TMPDIR=self.tmp.name, PYTHONPATH=str(root))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine_core", "--model", "random", *extra_args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
+            cwd=root,  # python -m looks in the working directory first
             text=True,
         )
         assert self.proc.stdout is not None
@@ -143,8 +149,19 @@ async def _stream(client: EngineClient, req: EngineCoreRequest, started: asyncio
     return final.finish_reason == FinishReason.ABORT and final.error == "the engine shut down"
 
 
-async def one_run(mode: str, n_requests: int, extra_args: list[str]) -> Run:
-    engine = Engine(extra_args)
+async def one_run(mode: str, n_requests: int, extra_args: list[str], root: Path) -> Run:
+    engine = Engine(extra_args, root)
+    if mode == "start":  # the moment it listens: its compile workers are still starting
+        try:
+            workers = _children(engine.proc.pid)
+            t0 = time.monotonic()
+            engine.proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(engine.proc.wait, 60)
+            exit_s = time.monotonic() - t0
+            left = sum(_alive(p) for p in workers)
+            return Run(mode, exit_s, code, 0, 0, 0, left, engine.left_files())
+        finally:
+            engine.close()
     try:
         client = await EngineClient.connect(engine.address, timeout_s=120)
         tasks: list[asyncio.Task[bool]] = []
@@ -203,22 +220,35 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="one more argument for python -m engine_core (repeatable)",
     )
+    ap.add_argument(
+        "--baseline-root",
+        type=Path,
+        help="also time the engine of another checkout (an older commit, say), run by "
+        "run beside this one",
+    )
     args = ap.parse_args(argv)
-    runs: list[Run] = []
-    for mode in ("idle", "load"):
+    roots = {"this": ROOT}
+    if args.baseline_root is not None:
+        roots["baseline"] = args.baseline_root.resolve()
+    runs: list[tuple[str, Run]] = []
+    modes = ("start", "idle", "load")
+    for mode in modes:
         for _ in range(args.repeats):
-            run = asyncio.run(one_run(mode, args.requests, args.engine_arg))
-            runs.append(run)
-            print(
-                f"{run.mode:5} exit {run.exit_s:5.2f} s  code {run.code}  "
-                f"running at the signal {run.running}  finals ok {run.finals_ok}/{run.requests}  "
-                f"workers left {run.left_workers}  files left {run.left_files}",
-                flush=True,
-            )
-    for mode in ("idle", "load"):
-        times = [r.exit_s for r in runs if r.mode == mode]
-        print(f"{mode}: median {statistics.median(times):.2f} s, max {max(times):.2f} s")
-    return 0 if all(r.clean for r in runs) else 1
+            for name, root in roots.items():
+                run = asyncio.run(one_run(mode, args.requests, args.engine_arg, root))
+                runs.append((name, run))
+                print(
+                    f"{name:8} {run.mode:5} exit {run.exit_s:5.2f} s  code {run.code}  "
+                    f"running at the signal {run.running}  "
+                    f"finals ok {run.finals_ok}/{run.requests}  "
+                    f"workers left {run.left_workers}  files left {run.left_files}",
+                    flush=True,
+                )
+    for mode in modes:
+        for name in roots:
+            times = [r.exit_s for n, r in runs if r.mode == mode and n == name]
+            print(f"{name} {mode}: median {statistics.median(times):.2f} s, max {max(times):.2f} s")
+    return 0 if all(r.clean for n, r in runs if n == "this") else 1
 
 
 if __name__ == "__main__":
