@@ -14,7 +14,8 @@ starting, feeding, filling, sampling, committing or finishing one request ends t
 request with an error, and the others go on (a batched call that raises is retried
 row by row to find the rows at fault, see `isolation.py`; a failed forward pass ends
 the requests of its step). Every request ends in `_finish`, which sends its one final
-output.
+output. What a request must satisfy to be admitted is in `admission.py`; how a step's
+constraints and sampling settings are gathered, in `step_inputs.py`.
 
 `EngineCore` never touches a socket: `server.py` moves messages between the sockets
 and this object, and reads its state through `stats`.
@@ -38,10 +39,11 @@ from structured_output.manager import StructuredOutputManager
 
 from .admission import check_request, error_message, spec_of
 from .config import EngineConfig
-from .isolation import fill_isolating, sample_isolating
+from .isolation import sample_isolating
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
+from .step_inputs import gather_constraints, sampling_batch
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -365,73 +367,13 @@ class EngineCore:
 
     def _prepare(self, batch: list[EngineRequest]) -> tuple[StepConstraints, list[bool]]:
         """Feed last step's tokens to the guides; gather this step's masks, bans and
-        forced tokens. Also returns which rows are still live (a row whose guide
-        failed has ended)."""
-        live = [True] * len(batch)
-        fill_rows: list[int] = []
-        fill_guides = []
-        ban_rows: list[int] = []
-        ban_ids: list[int] = []
-        forced_rows: list[int] = []
-        forced_ids: list[int] = []
-        for i, r in enumerate(batch):
-            g = r.guide
-            tok, r.pending = r.pending, None
-            if g is not None:
-                try:
-                    if tok is not None:
-                        g.accept(tok, r.output_ids)
-                    if g.needs_mask:
-                        fill_rows.append(i)
-                        fill_guides.append(g)
-                    elif g.thinking:
-                        f = g.forced_token()
-                        if f is not None:
-                            forced_rows.append(i)
-                            forced_ids.append(f)
-                        if g.banned:
-                            ban_rows.extend([i] * len(g.banned))
-                            ban_ids.extend(g.banned)
-                except Exception as e:  # noqa: BLE001 - ends this request only
-                    live[i] = False
-                    self._fail(r, e, "feeding its last token to its guide")
-                    continue
-            if len(r.output_ids) < r.min_tokens and r.stop_ids:
-                ban_rows.extend([i] * len(r.stop_ids))
-                ban_ids.extend(r.stop_ids)
-        mask = None
-        if fill_rows:
-            try:
-                mask = self.structured_output.fill(fill_rows, fill_guides)
-            except Exception as e:  # noqa: BLE001 - find the rows at fault
-                mask = fill_isolating(
-                    self.structured_output.fill,
-                    fill_rows,
-                    fill_guides,
-                    e,
-                    self._row_failer(batch, live, "filling its token mask"),
-                )
-        cons = StepConstraints(
-            mask=mask,
-            ban_rows=np.asarray(ban_rows, dtype=np.int64),
-            ban_ids=np.asarray(ban_ids, dtype=np.int64),
-            forced_rows=np.asarray(forced_rows, dtype=np.int64),
-            forced_ids=np.asarray(forced_ids, dtype=np.int64),
+        forced tokens. Also returns which rows are still live."""
+        return gather_constraints(
+            batch, self.structured_output.fill, lambda i, e, stage: self._fail(batch[i], e, stage)
         )
-        return cons, live
 
     def _sampling_batch(self, batch: list[EngineRequest]) -> SamplingBatch:
-        n = len(batch)
-        u = self.rng.random(n)
-        for i, r in enumerate(batch):
-            if r.generator is not None:
-                u[i] = r.generator.random()
-        return SamplingBatch(
-            temperature=np.fromiter((r.temperature for r in batch), np.float32, n),
-            top_p=np.fromiter((r.top_p for r in batch), np.float32, n),
-            top_k=np.fromiter((r.top_k for r in batch), np.int64, n),
-            uniforms=u,
-        )
+        return sampling_batch(batch, self.rng)
 
     def _commit(self, batch: list[EngineRequest], tokens: np.ndarray, live: list[bool]) -> None:
         out = self._out
