@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from tokenization import Tokenizer
 
 
-class Markers:
+class TextMarker:
     """The spellings (variants) of one text marker, canonical first."""
 
     __slots__ = ("variants", "_prefixes", "_firsts", "_longest")
@@ -85,7 +85,9 @@ class Markers:
         raise ValueError(f"{written!r} does not start any spelling of the marker")
 
 
-def text_continuations(tokenizer: Tokenizer, written: bytes, markers: Markers) -> tuple[int, ...]:
+def text_continuations(
+    tokenizer: Tokenizer, written: bytes, markers: TextMarker
+) -> tuple[int, ...]:
     """Ids that continue ``written`` (a proper prefix of a spelling) towards a complete
     marker: tokens whose bytes are a prefix of a remainder, and tokens that complete it
     and carry more bytes."""
@@ -149,8 +151,8 @@ class TextMarkersParser(ReasoningParser):
         name: str | None = None,
     ):
         super().__init__(tokenizer, chat_template_kwargs, name=name)
-        self.start = Markers([m.encode() for m in self.start_markers])
-        self.end = Markers([m.encode() for m in self.end_markers])
+        self.start = TextMarker([m.encode() for m in self.start_markers])
+        self.end = TextMarker([m.encode() for m in self.end_markers])
         self._implicit = tuple(require_special(self, m) for m in self.implicit_end_markers)
         self._turn_ids = special_ids(tokenizer, self.turn_markers)
         self._continuations: dict[bytes, tuple[int, ...]] = {}
