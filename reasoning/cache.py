@@ -25,13 +25,22 @@ def kwargs_key(kwargs: Mapping[str, Any] | None) -> str:
     """The cache key of chat-template kwargs: their canonical JSON (None and ``{}``
     alike). Kwargs that are not JSON-like (keys that are not strings, values JSON
     cannot write, cycles, nesting too deep) raise `ReasoningError`."""
+    value = kwargs or {}
     try:
-        return json.dumps(kwargs or {}, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        key = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        # json.dumps writes int keys and tuples as if they were strings and lists
+        same = json.loads(key) == value
     except (TypeError, ValueError, RecursionError) as e:
-        raise ReasoningError(
-            f"chat-template kwargs must be JSON-like (string keys; strings, numbers, "
-            f"booleans, null, lists and objects): {e}"
-        ) from None
+        raise ReasoningError(f"{_NOT_JSON}: {e}") from None
+    if not same:
+        raise ReasoningError(f"{_NOT_JSON}: keys that are not strings, or tuples")
+    return key
+
+
+_NOT_JSON = (
+    "chat-template kwargs must be JSON-like (objects with string keys, lists, strings, "
+    "finite numbers, booleans, null)"
+)
 
 
 class ParserCache:
