@@ -98,7 +98,9 @@ class RequestBuilder:
         self.forced_format = forced_format
         self.default_max_tokens = default_max_tokens
         self._parsers = (
-            ParserCache(reasoning_parser, tokenizer) if reasoning_parser is not None else None
+            ParserCache(reasoning_parser, tokenizer, field="chat_template_kwargs")
+            if reasoning_parser is not None
+            else None
         )
 
     # ----- reasoning -------------------------------------------------------------

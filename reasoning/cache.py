@@ -21,25 +21,25 @@ if TYPE_CHECKING:
     from tokenization import Tokenizer
 
 
-def kwargs_key(kwargs: Mapping[str, Any] | None) -> str:
+def kwargs_key(kwargs: Mapping[str, Any] | None, *, field: str = "chat-template kwargs") -> str:
     """The cache key of chat-template kwargs: their canonical JSON (None and ``{}``
     alike). Kwargs that are not JSON-like (keys that are not strings, values JSON
-    cannot write, cycles, nesting too deep) raise `ReasoningError`."""
+    cannot write, cycles, nesting too deep) raise `ReasoningError`, naming ``field``
+    (what the caller calls them)."""
     value = kwargs or {}
     try:
         key = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
         # json.dumps writes int keys and tuples as if they were strings and lists
         same = json.loads(key) == value
     except (TypeError, ValueError, RecursionError) as e:
-        raise ReasoningError(f"{_NOT_JSON}: {e}") from None
+        raise ReasoningError(f"{field} {_NOT_JSON}: {e}") from None
     if not same:
-        raise ReasoningError(f"{_NOT_JSON}: keys that are not strings, or tuples")
+        raise ReasoningError(f"{field} {_NOT_JSON}: keys that are not strings, or tuples")
     return key
 
 
 _NOT_JSON = (
-    "chat-template kwargs must be JSON-like (objects with string keys, lists, strings, "
-    "finite numbers, booleans, null)"
+    "must be JSON-like (objects with string keys, lists, strings, finite numbers, booleans, null)"
 )
 
 
@@ -48,8 +48,17 @@ class ParserCache:
     least recently used beyond ``max_size`` are dropped. Safe to share between
     threads."""
 
-    def __init__(self, name: str, tokenizer: Tokenizer, *, max_size: int = 256) -> None:
+    def __init__(
+        self,
+        name: str,
+        tokenizer: Tokenizer,
+        *,
+        max_size: int = 256,
+        field: str = "chat-template kwargs",
+    ) -> None:
         self.name = name
+        #: what errors call the kwargs (the engine: ``reasoning_parser_kwargs``)
+        self.field = field
         self.tokenizer = tokenizer
         self.max_size = max_size
         self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
@@ -58,7 +67,7 @@ class ParserCache:
     def get(self, kwargs: Mapping[str, Any] | None) -> ReasoningParser:
         """The parser for ``kwargs``; `ReasoningError` for kwargs it cannot take (and an
         unknown family name: `registry.UnknownNameError`)."""
-        key = kwargs_key(kwargs)
+        key = kwargs_key(kwargs, field=self.field)
         with self._lock:
             parser = self._parsers.get(key)
             if parser is not None:

@@ -55,7 +55,9 @@ class StructuredOutputManager:
             max_whitespace=config.max_whitespace, max_spec_bytes=config.max_spec_bytes
         )
         self._parsers = (
-            ParserCache(reasoning_parser, tokenizer) if reasoning_parser is not None else None
+            ParserCache(reasoning_parser, tokenizer, field="reasoning_parser_kwargs")
+            if reasoning_parser is not None
+            else None
         )
         self._guides: weakref.WeakSet[RequestGuide] = weakref.WeakSet()
         if reasoning_parser is not None:
