@@ -344,7 +344,9 @@ def _wait_for_address(proc: subprocess.Popen, log: Path, timeout_s: float = 180)
 def test_check_bind_address_refuses_what_is_not_loopback(address):
     with pytest.raises(AddressError, match="loopback.*--allow-remote"):
         check_bind_address(address)
-    check_bind_address(address, allow_remote=True)
+    with pytest.raises(AddressError, match="without authentication.*--curve-keys"):
+        check_bind_address(address, allow_remote=True)
+    check_bind_address(address, allow_remote=True, authenticated=True)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipc import (
-    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     AbortRequests,
     EngineCoreOutputs,
@@ -625,7 +625,7 @@ def test_frame_over_the_size_limit_is_dropped_with_a_log_line(served):
         try:
             peer.hello()
             log_before = served.engine.log().count("connection closed")
-            peer.send([bytes([MsgType.REQUEST]), b"\x00" * (DEFAULT_MAX_FRAME_BYTES + 1)])
+            peer.send([bytes([MsgType.REQUEST]), b"\x00" * (DEFAULT_MAX_MESSAGE_BYTES + 1)])
             STATS["named bad frames"] += 1
             deadline = time.monotonic() + 30
             while served.engine.log().count("connection closed") == log_before:
@@ -645,7 +645,7 @@ def test_a_request_over_the_frame_limit_is_refused_by_the_client(served):
     """Sent, it would close the client's connection, losing the outputs in flight of
     every other stream of that client; the client refuses it before sending."""
     client = served.client
-    huge = EngineCoreRequest("too-big", [151_643] * (DEFAULT_MAX_FRAME_BYTES // 5 + 1))
+    huge = EngineCoreRequest("too-big", [151_643] * (DEFAULT_MAX_MESSAGE_BYTES // 5 + 1))
 
     async def body():
         others = [
@@ -660,7 +660,7 @@ def test_a_request_over_the_frame_limit_is_refused_by_the_client(served):
             for i in range(8)
         ]
         await asyncio.sleep(0.2)
-        with pytest.raises(ValueError, match="frame limit"):
+        with pytest.raises(ValueError, match="message limit"):
             async for _ in client.generate(huge):
                 pass
         return await asyncio.wait_for(asyncio.gather(*others), 120)
