@@ -470,6 +470,13 @@ class EngineClient:
     def is_dead(self) -> bool:
         return self.dead_reason is not None
 
+    @property
+    def longest_stall_s(self) -> float:
+        """The longest time this client's IO thread could not run (this process was
+        stopped, or its Python threads starved), in seconds: time not counted as the
+        engine's silence."""
+        return self._clock.longest_stall_s
+
     def _start_tokenizer(self) -> Future[Tokenizer]:
         """Load the engine's tokenizer in a thread of its own, once. Loading a large
         vocabulary takes seconds and holds the GIL for stretches, so it starts at the

@@ -251,13 +251,20 @@ class EngineServer:
             )
 
     def _on_oversized(self, client: bytes, parts: int, size: int) -> None:
+        """A message past the limits was read to its end and dropped uncopied. More
+        frames than the protocol has: that message is refused. More bytes than the
+        limit: the client is dropped too (no client of ours sends one; it checks)."""
+        frames = parts - 1  # the ROUTER's routing-id frame is not the client's
+        if size <= DEFAULT_MAX_MESSAGE_BYTES + ENVELOPE_BYTES:
+            if client:
+                self._reply(client, ErrorNotice(f"expected 2 frames (type, payload), got {frames}"))
+            return
         log.warning(
-            "client %s sent a message of %d frames, %d bytes (the limit: %d frames, %d MiB); "
-            "dropped it, and the client with its requests",
+            "client %s sent a message of %d frames, %d bytes, over the %d MiB limit; dropped "
+            "it, and the client with its requests",
             client.hex() or "?",
-            parts - 1,
+            frames,
             size,
-            MESSAGE_PARTS - 1,
             DEFAULT_MAX_MESSAGE_BYTES >> 20,
         )
         if self._clients.pop(client, None) is not None:
@@ -266,9 +273,8 @@ class EngineServer:
             self._reply(
                 client,
                 ErrorNotice(
-                    f"a message of {parts - 1} frames, {size} bytes is over the engine's "
-                    f"limit ({MESSAGE_PARTS - 1} frames, {DEFAULT_MAX_MESSAGE_BYTES} bytes): "
-                    "dropped, with this client's requests"
+                    f"a message of {frames} frames, {size} bytes is over the engine's limit "
+                    f"of {DEFAULT_MAX_MESSAGE_BYTES} bytes: dropped, with this client's requests"
                 ),
             )
 
