@@ -425,10 +425,8 @@ def test_a_compile_worker_killed_while_idle_costs_nobody(served):
     pid = served.engine.pid
     with background(served.loop, served.client):
         before = _idle_workers(pid, 2, served.engine.log)
-        print("DEBUG kill", before, time.time())
         os.kill(before[0], signal.SIGKILL)
         _wait(lambda: not alive(before[0]), 10, "the idle worker exits")
-        print("DEBUG dead", time.time(), Path(f"/proc/{before[0]}/stat").read_text()[:60])
         assert _after_crash(served, "idle") == []
         after = _idle_workers(pid, 2, served.engine.log)
     assert before[0] not in after
