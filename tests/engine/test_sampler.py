@@ -23,18 +23,32 @@ from structured_output.bitmask import FilledMask, bitmask_words
 
 V = 5000
 
-#: (kernel, max_sparse_ids): numpy with small rows sampled from their ids alone,
-#: numpy with every row masked in place, torch (the kernel of a GPU)
-PATHS = {
-    "numpy-sparse": ("numpy", 1000),
-    "numpy-dense": ("numpy", 0),
-    "torch": ("torch", 1000),
+#: (kernel, max_sparse_ids, device): numpy with small rows sampled from their ids
+#: alone, numpy with every row masked in place, torch (the kernel of a GPU) on CPU
+#: tensors, and on CUDA where there is one
+_ALL = {
+    "numpy-sparse": ("numpy", 1000, "cpu"),
+    "numpy-dense": ("numpy", 0, "cpu"),
+    "torch": ("torch", 1000, "cpu"),
+    "torch-cuda": ("torch", 1000, "cuda"),
 }
+_NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA here")
+PATHS = [pytest.param(p, marks=_NO_CUDA) if p.endswith("cuda") else p for p in _ALL]
 
 
-def _sampler(path: str, **kw) -> Sampler:
-    kernel, max_sparse = PATHS[path]
-    return Sampler(V, max_sparse_ids=max_sparse, kernel=kernel, **kw)
+class _OnDevice:
+    """A sampler fed its logits on the path's device (the tests build them on the CPU)."""
+
+    def __init__(self, sampler: Sampler, device: str) -> None:
+        self.sampler, self.device = sampler, torch.device(device)
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch, cons: StepConstraints):
+        return self.sampler.sample(logits.to(self.device), batch, cons)
+
+
+def _sampler(path: str, **kw) -> _OnDevice:
+    kernel, max_sparse, device = _ALL[path]
+    return _OnDevice(Sampler(V, max_sparse_ids=max_sparse, kernel=kernel, **kw), device)
 
 
 def _mask(rows: int, allowed: dict[int, np.ndarray]) -> FilledMask:
@@ -129,7 +143,7 @@ def test_draws_follow_the_softmax_over_allowed_ids(setup, kw, path):
 
 
 @pytest.mark.parametrize("kw", [{"top_p": 0.5}, {"top_p": 0.95, "temp": 2.0}, {"top_k": 3}])
-@pytest.mark.parametrize("path", ["numpy-dense", "torch"])
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "numpy-sparse"])
 def test_unconstrained_rows_with_a_flat_distribution(path, kw):
     """A flat row (top-p keeps thousands of ids): the torch kernel's candidates must
     grow past ``top_p_candidates`` (8 here), and the numpy kernel's histogram must
