@@ -21,11 +21,8 @@ import asyncio
 import itertools
 import logging
 import os
-import secrets
 import shutil
 import subprocess
-import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -55,25 +52,24 @@ from ipc import (
     HealthRequest,
     Heartbeat,
     Hello,
-    RunningClock,
     Shutdown,
     SocketPump,
     WireError,
     connect_curve,
-    ensure_keys,
     load_client_keys,
-    private_ipc_address,
     set_heartbeats,
 )
 
 from .config import EngineConfig
+from .liveness import EVENTS as WATCHED_EVENTS
+from .liveness import EngineWatch
+from .spawning import start_engine
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
 
 log = logging.getLogger("thinkgate.client")
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 #: ZeroMQ's own PING to the engine this often (see `ipc.set_heartbeats`)
 PING_S = 1.0
 #: how often the IO thread looks at the engine's process and the connection
@@ -81,20 +77,6 @@ TICK_S = 0.05
 #: the defaults of `EngineClient`'s liveness settings
 ENGINE_TIMEOUT_S = 30.0
 RECONNECT_GRACE_S = 2.0
-_EVENTS = (
-    zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CLOSED
-    | zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-_FAILED_HANDSHAKE = {
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed",
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the handshake failed: wrong or no encryption "
-    "(CURVE keys), or not a ZeroMQ peer",
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the engine refused this client's CURVE key",
-}
 
 
 class EngineDeadError(RuntimeError):
@@ -102,7 +84,8 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineStartError(RuntimeError):
-    """The engine did not come up (it exited, or its handshake did not arrive in time)."""
+    """The engine did not come up (it exited, its handshake did not arrive in time, or
+    the connection's own handshake failed)."""
 
 
 @dataclass(slots=True)
@@ -189,14 +172,20 @@ class EngineClient:
         self._closed = False
         self._tokenizer: Future[Tokenizer] | None = None
         # IO thread only: the state of the connection
-        self._clock = RunningClock(TICK_S)
-        self._greeted = False  # the engine's handshake has arrived
-        self._down_since: float | None = None  # running time the connection closed at
+        self._watch = EngineWatch(
+            address,
+            proc,
+            reconnect_grace_s=reconnect_grace_s,
+            tick_s=TICK_S,
+            on_dead=self._die,
+            on_back=lambda: self._loop.call_soon_threadsafe(self._reconnected),
+            on_refused=lambda why: self._loop.call_soon_threadsafe(self._refused, why),
+        )
         self._pump = SocketPump(
             self._make_socket,
             self._on_frames,
             on_tick=self._on_tick,
-            monitor_events=_EVENTS,
+            monitor_events=WATCHED_EVENTS,
             on_event=self._on_event,
             max_parts=2,
             on_failure=self._on_io_failure,
@@ -221,43 +210,15 @@ class EngineClient:
         an address) and wait for its handshake. Only this client can stop it over the
         wire: it gives the engine a shutdown token (unless the config names a token
         file, whose token it then uses)."""
-        config = config or EngineConfig()
-        if config.address is None:
-            address, own_dir = private_ipc_address()
-        else:
-            address = config.address
-            own_dir = Path(tempfile.mkdtemp(prefix="thinkgate-"))
-            os.chmod(own_dir, 0o700)
-        args = [a for a in config.to_args()]
-        if config.address is None:
-            args += ["--address", address]
-        if config.shutdown_token_file is None:
-            token = secrets.token_urlsafe(32)
-            token_file = own_dir / "shutdown.token"
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token)
-            args += ["--shutdown-token-file", str(token_file)]
-        else:
-            token = Path(config.shutdown_token_file).read_text().strip()
-        curve = None
-        if config.curve_keys:
-            ensure_keys(config.curve_keys)
-            curve = load_client_keys(config.curve_keys)
-        args += ["--parent-pid", str(os.getpid())]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engine_core", *args], env=env, stdout=subprocess.DEVNULL
-        )
+        sp = start_engine(config or EngineConfig())
         client = cls(
-            address,
-            proc=proc,
-            own_dir=own_dir,
+            sp.address,
+            proc=sp.proc,
+            own_dir=sp.own_dir,
             engine_timeout_s=engine_timeout_s,
             reconnect_grace_s=reconnect_grace_s,
-            curve=curve,
-            shutdown_token=token,
+            curve=sp.curve,
+            shutdown_token=sp.shutdown_token,
             load_tokenizer=load_tokenizer,
         )
         try:
@@ -343,53 +304,24 @@ class EngineClient:
             log.warning("bad frame from the engine: %s", e)
             return
         if isinstance(msg, Handshake):
-            self._greeted = True
+            self._watch.greeted = True
         if not isinstance(msg, Heartbeat):
             self._loop.call_soon_threadsafe(self._dispatch, msg)
 
     def _on_event(self, event: int, endpoint: str) -> None:
-        if self.dead_reason is not None or self._closed:
-            return
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            if self._down_since is not None:
-                self._down_since = None
-                log.warning("the connection to the engine came back; requests in flight are lost")
-                self._loop.call_soon_threadsafe(self._reconnected)
-        elif event in _FAILED_HANDSHAKE:
-            why = f"{_FAILED_HANDSHAKE[event]} ({self.address})"
-            if not self._greeted:
-                self._loop.call_soon_threadsafe(self._refused, why)
-            else:
-                self._die(why)
-        elif not self._greeted:
-            return  # before the engine's handshake, a slow start is not a death
-        elif event == zmq.EVENT_DISCONNECTED:
-            if self._down_since is None:
-                self._down_since = self._clock.now
-                log.warning("the connection to the engine at %s closed", self.address)
-        elif event == zmq.EVENT_CLOSED and self._down_since is not None:
-            # a new connection failed: nothing listens at the address any more
-            self._die(f"the connection to the engine at {self.address} closed, and it is gone")
+        if not self._closed:
+            self._watch.event(event, endpoint)
 
     def _on_tick(self) -> None:
-        now = self._clock.tick()
-        if self.dead_reason is not None or self._closed:
-            return
-        if self.proc is not None and self.proc.poll() is not None:
-            self._die(f"the engine process exited with code {self.proc.returncode}")
-        elif self._down_since is not None and now - self._down_since > self.reconnect_grace_s:
-            self._die(
-                f"the connection to the engine at {self.address} closed and did not come "
-                f"back within {self.reconnect_grace_s:g} s"
-            )
+        if not self._closed:
+            self._watch.tick()
 
     def _on_io_failure(self, error: BaseException) -> None:
-        self._die(f"the client's IO thread failed: {error!r}")
+        self._watch.die(f"the client's IO thread failed: {error!r}")
 
     def _die(self, reason: str) -> None:
-        if self.dead_reason is None:
-            self.dead_reason = reason
-            self._loop.call_soon_threadsafe(self._fail_all, reason)
+        self.dead_reason = reason
+        self._loop.call_soon_threadsafe(self._fail_all, reason)
 
     # ----- loop thread --------------------------------------------------------------
 
@@ -475,29 +407,17 @@ class EngineClient:
         """The longest time this client's IO thread could not run (this process was
         stopped, or its Python threads starved), in seconds: time not counted as the
         engine's silence."""
-        return self._clock.longest_stall_s
+        return self._watch.clock.longest_stall_s
 
     def _start_tokenizer(self) -> Future[Tokenizer]:
-        """Load the engine's tokenizer in a thread of its own, once. Loading a large
-        vocabulary takes seconds and holds the GIL for stretches, so it starts at the
-        handshake (before requests are in flight) rather than on first use; liveness
-        does not depend on this process's Python threads running meanwhile."""
+        """Load the engine's tokenizer in a thread of its own, once per process and
+        tokenizer. Loading a large vocabulary takes seconds and holds the GIL for
+        stretches, so it starts at the handshake (before requests are in flight)
+        rather than on first use; liveness does not depend on this process's Python
+        threads running meanwhile."""
         if self._tokenizer is None:
             assert self.handshake is not None
-            hs = self.handshake
-            fut: Future[Tokenizer] = Future()
-            self._tokenizer = fut
-
-            def load() -> None:
-                from tokenization import load_tokenizer
-
-                try:
-                    tok = load_tokenizer(hs.tokenizer, hs.extra_special_tokens)
-                    fut.set_result(tok.with_vocab_rows(hs.vocab_rows))
-                except BaseException as e:  # raised by tokenizer(), where it is needed
-                    fut.set_exception(e)
-
-            threading.Thread(target=load, name="thinkgate-tokenizer", daemon=True).start()
+            self._tokenizer = _load_in_background(self.handshake)
         return self._tokenizer
 
     def tokenizer(self) -> Tokenizer:
@@ -634,6 +554,33 @@ class EngineClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.shutdown()
+
+
+_TOKENIZERS: dict[tuple[str, tuple[str, ...], int], Future[Tokenizer]] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def _load_in_background(hs: Handshake) -> Future[Tokenizer]:
+    """The tokenizer a handshake names, loading in a daemon thread (shared by every
+    client of this process that names the same one)."""
+    key = (hs.tokenizer, tuple(hs.extra_special_tokens), hs.vocab_rows)
+    with _TOKENIZERS_LOCK:
+        fut = _TOKENIZERS.get(key)
+        if fut is not None and not (fut.done() and fut.exception() is not None):
+            return fut
+        fut = _TOKENIZERS[key] = Future()
+
+    def load() -> None:
+        from tokenization import load_tokenizer
+
+        try:
+            tok = load_tokenizer(hs.tokenizer, hs.extra_special_tokens)
+            fut.set_result(tok.with_vocab_rows(hs.vocab_rows))
+        except BaseException as e:  # raised by tokenizer(), where it is needed
+            fut.set_exception(e)
+
+    threading.Thread(target=load, name="thinkgate-tokenizer", daemon=True).start()
+    return fut
 
 
 def _to_output(o: EngineCoreOutput) -> RequestOutput:
