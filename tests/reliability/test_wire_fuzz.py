@@ -2,7 +2,8 @@
 DEALER socket, while a normal client's well-formed requests are in flight.
 
 Every frame the engine cannot use gets an `ErrorNotice` (a frame over the size limit
-closes the connection, and the engine logs it); every request it can decode ends
+closes the connection, and the engine logs it), and so does every SHUTDOWN (this
+engine was started without a shutdown token); every request it can decode ends
 exactly once; a health request answered right after proves the engine alive; the
 well-formed requests all finish, the constrained ones validly."""
 
@@ -95,9 +96,6 @@ def exercise(address: str, frames_list: list[list[bytes]]) -> None:
         may: Counter[str] = Counter()  # sent before a GOODBYE: dropped, or ended once
         for frames in frames_list:
             what = classify(frames)
-            if isinstance(what, Shutdown):
-                STATS["shutdown frames not sent"] += 1
-                continue  # any greeted peer may stop the engine; not this test's point
             peer.send(frames)
             STATS["frames sent"] += 1
             if isinstance(what, WireError):
@@ -113,6 +111,9 @@ def exercise(address: str, frames_list: list[list[bytes]]) -> None:
             elif not greeted:
                 want_errors += 1
                 STATS["frames before HELLO"] += 1
+            elif isinstance(what, Shutdown):
+                want_errors += 1  # refused: only the engine's token holder may stop it
+                STATS["shutdowns refused"] += 1
             elif isinstance(what, Goodbye):
                 greeted = False
                 may += must
@@ -314,7 +315,7 @@ def mangled(draw) -> list[bytes]:
     elif op == "cut_bytes":
         payload = payload[: draw(st.integers(0, max(0, len(payload) - 1)))]
     elif op == "retype":
-        head = bytes([draw(st.sampled_from([t for t in MsgType if t != MsgType.SHUTDOWN]))])
+        head = bytes([draw(st.sampled_from(list(MsgType)))])
     else:
         payload = msgspec.msgpack.encode({str(i): f for i, f in enumerate(fields)})
     return [head, payload]
@@ -334,6 +335,7 @@ FRAMES = st.one_of(
         st.builds(Heartbeat, st.floats()),
         st.builds(AbortRequests, st.lists(st.text(max_size=4), max_size=3)),
         st.builds(Goodbye, st.text(max_size=8)),
+        st.builds(Shutdown, st.text(max_size=8), st.text(max_size=12)),
     ).map(_frames),
 )
 
