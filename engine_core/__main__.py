@@ -29,10 +29,24 @@ def main(argv: list[str] | None = None) -> int:
     from .server import run_engine
 
     code = run_engine(config, prog=parser.prog)
+    _deliver_queued(timeout_s=2.0)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _deliver_queued(timeout_s: float) -> None:
+    """Let ZeroMQ send what its closed sockets still hold (up to their linger): the
+    final outputs of a stopped engine reach their clients although the process skips
+    the interpreter's clean-up. Bounded, should a socket be left open."""
+    import threading
+
+    import zmq
+
+    t = threading.Thread(target=zmq.Context.instance().term, name="zmq-term", daemon=True)
+    t.start()
+    t.join(timeout_s)
 
 
 if __name__ == "__main__":

@@ -87,12 +87,29 @@ class EngineConfig:
         metavar="ADDRESS",
         default_text="a private ipc:// socket in a new temporary folder",
     )
-    allow_remote: bool = option(False, "allow binding a non-loopback TCP address")
+    allow_remote: bool = option(
+        False, "allow binding a non-loopback TCP address (needs --curve-keys)"
+    )
+    curve_keys: str | None = option(
+        None,
+        "CURVE key directory (made if missing): encrypt, and admit only front ends "
+        "holding a client key listed in DIR/clients (see ipc/keys.py)",
+        metavar="DIR",
+        default_text="none: no encryption; refused with --allow-remote on TCP",
+    )
+    shutdown_token_file: str | None = option(
+        None,
+        "a SHUTDOWN message must carry the token in this file (a spawning client writes one)",
+        metavar="PATH",
+        default_text="none: SHUTDOWN is refused, only a signal stops the engine",
+    )
     parent_pid: int | None = option(
         None, "exit when this process does (set by a client that spawns the engine)", hidden=True
     )
     client_timeout_s: float = option(
-        10.0, "a client silent for this long, in seconds, has its requests dropped"
+        30.0,
+        "drop a client whose connection answers no heartbeat for this long, in seconds "
+        "(its process stopped, its host or network gone)",
     )
     client_backlog: int = option(
         10_000, "messages queued for a client that does not read before the engine drops it"
