@@ -184,6 +184,9 @@ async def one_run(mode: str, n_requests: int, extra_args: list[str], root: Path)
                     await asyncio.wait_for(started.acquire(), 120)
                 running = (await client.health()).num_running
             else:
+                # the client loads its tokenizer in the background (holding the GIL for
+                # a second or two): done before the clock starts, not timed as the exit
+                await asyncio.to_thread(client.tokenizer)
                 await client.health()
                 running = 0
             workers = _children(engine.proc.pid)
