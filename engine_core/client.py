@@ -3,8 +3,9 @@
 An `EngineClient` lives on one asyncio loop. Its socket belongs to an IO thread,
 which also sends heartbeats and watches the engine: when the engine process dies
 (or a connected engine falls silent), every request in flight fails at once with
-`EngineDeadError`, and new requests are refused. Stop strings are applied here, on
-decoded text; a request that hits one is aborted in the engine.
+`EngineDeadError`, and new requests are refused. Stop strings are the front end's
+(`frontend.response`): it reads the outputs, and leaves the stream at a stop string,
+which aborts the request here.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ipc import (
     Hello,
     Shutdown,
     SocketPump,
+    TokenLogprobs,
     WireError,
     private_ipc_address,
 )
@@ -74,36 +76,16 @@ class RequestOutput:
     request_id: str
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
-    #: the stop token id, or the stop string, that ended the request
-    stop_reason: int | str | None = None
+    #: the stop token id that ended the request
+    stop_reason: int | None = None
     error: str | None = None
     num_reasoning_tokens: int = 0
+    #: of ``new_token_ids``, when the request asked for them
+    logprobs: TokenLogprobs | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-class _StopStrings:
-    """Finds the first stop string in a stream of token ids, looking only at the
-    new text and a tail of the old one."""
-
-    def __init__(self, stops: Sequence[str], tokenizer: Tokenizer) -> None:
-        self.stops = [s for s in stops if s]
-        self.keep = max((len(s) for s in self.stops), default=1) - 1
-        self.detok = tokenizer.detokenizer()
-        self.tail = ""
-
-    def push(self, token_ids: Sequence[int]) -> tuple[int, str] | None:
-        """``(tokens to keep, stop string)`` when a stop string completes in these
-        ids, else None."""
-        for i, tid in enumerate(token_ids):
-            text = self.tail + self.detok.push((tid,))
-            for s in self.stops:
-                if s in text:
-                    return i + 1, s
-            self.tail = text[-self.keep :] if self.keep else ""
-        return None
 
 
 class EngineClient:
@@ -326,12 +308,7 @@ class EngineClient:
             self._tokenizer = tok.with_vocab_rows(self.handshake.vocab_rows)
         return self._tokenizer
 
-    async def generate(
-        self,
-        request: EngineCoreRequest,
-        *,
-        stop: Sequence[str] = (),
-    ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: EngineCoreRequest) -> AsyncIterator[RequestOutput]:
         """Submit ``request`` and yield its outputs as they arrive; the last one has a
         finish reason. Raises `EngineDeadError` if the engine dies meanwhile. Leaving
         the loop early aborts the request in the engine."""
@@ -352,7 +329,6 @@ class EngineClient:
             )
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[rid] = q
-        stops = _StopStrings(stop, self.tokenizer()) if stop else None
         finished = False
         self._pump.send(frames)
         try:
@@ -360,21 +336,6 @@ class EngineClient:
                 item = await q.get()
                 if isinstance(item, BaseException):
                     raise item
-                if stops is not None and item.new_token_ids:
-                    hit = stops.push(item.new_token_ids)
-                    if hit is not None:
-                        keep, s = hit
-                        finished = True
-                        if not item.finished:
-                            self._send(AbortRequests([rid]))
-                        yield RequestOutput(
-                            rid,
-                            item.new_token_ids[:keep],
-                            FinishReason.STOP,
-                            s,
-                            num_reasoning_tokens=item.num_reasoning_tokens,
-                        )
-                        return
                 finished = item.finished
                 yield item
                 if finished:
@@ -450,4 +411,5 @@ def _to_output(o: EngineCoreOutput) -> RequestOutput:
         o.stop_reason,
         o.error,
         o.num_reasoning_tokens,
+        o.logprobs,
     )

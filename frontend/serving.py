@@ -12,6 +12,9 @@ and stops with `ConfigError` where they cannot work. Then, per request:
   engine output that adds something, the finish reason on the last one, and a usage
   chunk when ``stream_options.include_usage`` asks for it; an engine error mid-stream
   ends it with an `ErrorResponse`;
+
+both stop reading the engine at a stop string (leaving its stream aborts the request
+there), and closing a stream early aborts it too;
 - `create_chat_completion(body)`: all of it, in vLLM's shape (an error, a completion,
   or an async iterator of chunks when ``stream`` is true).
 """
@@ -33,16 +36,16 @@ from reasoning import (
 )
 
 from .chat_template import ChatTemplate, ChatTemplateError, resolve_chat_template
+from .chunks import ChunkMaker, CompletionAccumulator, completion
 from .config import ConfigError, FrontendConfig
 from .protocol import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
-    ErrorInfo,
     ErrorResponse,
 )
 from .request_builder import PreparedRequest, RequestBuilder
-from .response import ChunkMaker, CompletionAccumulator, OutputProcessor, completion
+from .response import OutputProcessor, engine_dead
 from .tool_formats import (
     JsonSchemaToolFormat,
     ToolCallParser,
@@ -167,15 +170,19 @@ class ChatFrontend:
     def prepare(self, body: Body) -> PreparedRequest:
         """Decode, check and build; `RequestError` for a request the API refuses."""
         req = decode_request(body)
-        if req.model is not None and req.model != self.model_name:
+        self.check_model(req.model)
+        plan = check_request(req, self.support)
+        return self.builder.build(req, plan)
+
+    def check_model(self, model: str | None) -> None:
+        """A request may name the served model, or none."""
+        if model is not None and model != self.model_name:
             raise RequestError(
-                f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                 "model",
                 status_code=404,
                 type="NotFoundError",
             )
-        plan = check_request(req, self.support)
-        return self.builder.build(req, plan)
 
     def processor(self, prepared: PreparedRequest) -> OutputProcessor:
         """The output machine of one prepared request."""
@@ -195,6 +202,8 @@ class ChatFrontend:
             parallel_tool_calls=prepared.plan.parallel,
             include_reasoning=prepared.include_reasoning,
             stop=prepared.stop,
+            stop_token_ids=prepared.engine_request.sampling_params.stop_token_ids,
+            logprobs=prepared.engine_request.sampling_params.logprobs is not None,
         )
 
     def _tool_parser(self, prepared: PreparedRequest) -> ToolCallParser | None:
@@ -221,8 +230,10 @@ class ChatFrontend:
             async with aclosing(self._generate(prepared)) as outputs:
                 async for out in outputs:
                     acc.add(proc.push(out))
+                    if proc.finished:
+                        break
         except EngineDeadError as e:
-            return _engine_dead(e)
+            return engine_dead(e)
         if proc.error is not None:
             return proc.error_response(produced_tokens=proc.completion_tokens > 0)
         return completion(
@@ -232,36 +243,54 @@ class ChatFrontend:
             acc.message(),
             proc.finish_reason,
             proc.usage,
+            logprobs=proc.chat_logprobs(acc.logprobs),
+            stop_reason=proc.stop_reason,
         )
 
     async def stream(
         self, prepared: PreparedRequest
     ) -> AsyncIterator[ChatCompletionChunk | ErrorResponse]:
         """Run ``prepared`` and yield its chunks (see the module docstring). Closing the
-        iterator early aborts the request in the engine."""
+        iterator early aborts the request in the engine.
+
+        The role chunk comes with the engine's first output, so that a request the
+        engine refuses outright (full, a bad grammar) or a dead engine yields one
+        `ErrorResponse` and nothing else: an HTTP server can still answer it with an
+        error status."""
         proc = self.processor(prepared)
         chunks = ChunkMaker(prepared.request_id, int(time.time()), self.model_name)
         every = prepared.continuous_usage
-        yield chunks.role(proc.usage if every else None)
+        began = False
         try:
             async with aclosing(self._generate(prepared)) as outputs:
                 async for out in outputs:
                     delta = proc.push(out)
                     if proc.error is not None:
-                        if delta:
+                        if began and delta:
                             yield chunks.delta(delta)
                         yield proc.error_response(produced_tokens=proc.completion_tokens > 0)
                         return
+                    if not began:
+                        began = True
+                        yield chunks.role(proc.usage if every else None)
                     if delta or proc.finished:
-                        yield chunks.delta(delta, proc.finish_reason, proc.usage if every else None)
+                        yield chunks.delta(
+                            delta,
+                            proc.finish_reason,
+                            proc.usage if every else None,
+                            logprobs=proc.chat_logprobs(delta.logprobs) if delta.logprobs else None,
+                            stop_reason=proc.stop_reason if proc.finished else None,
+                        )
+                    if proc.finished:
+                        break
         except EngineDeadError as e:
-            yield _engine_dead(e)
+            yield engine_dead(e)
             return
         if prepared.include_usage:
             yield chunks.usage(proc.usage)
 
     def _generate(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
-        return self.client.generate(prepared.engine_request, stop=prepared.stop)
+        return self.client.generate(prepared.engine_request)
 
     async def create_chat_completion(
         self, body: Body
@@ -285,11 +314,3 @@ def _load(plugin: str, flag: str) -> None:
 
 def _token_text(tokenizer, token_id: int | None) -> str | None:
     return tokenizer.decode([token_id]) if token_id is not None else None
-
-
-def _engine_dead(e: EngineDeadError) -> ErrorResponse:
-    return ErrorResponse(
-        error=ErrorInfo(
-            message=f"the engine is gone: {e}", type="ServiceUnavailableError", code=503
-        )
-    )

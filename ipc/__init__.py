@@ -2,6 +2,8 @@
 
 from .codec import Codec, WireError
 from .messages import (
+    ENGINE_FULL,
+    MAX_TOP_LOGPROBS,
     NOT_GREETED,
     PROTOCOL_VERSION,
     AbortRequests,
@@ -20,6 +22,7 @@ from .messages import (
     SamplingParams,
     Shutdown,
     StructuredOutputSpec,
+    TokenLogprobs,
 )
 from .transport import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -31,6 +34,8 @@ from .transport import (
 )
 
 __all__ = [
+    "ENGINE_FULL",
+    "MAX_TOP_LOGPROBS",
     "DEFAULT_MAX_FRAME_BYTES",
     "NOT_GREETED",
     "PROTOCOL_VERSION",
@@ -53,6 +58,7 @@ __all__ = [
     "Shutdown",
     "SocketPump",
     "StructuredOutputSpec",
+    "TokenLogprobs",
     "WireError",
     "check_bind_address",
     "free_tcp_port",
