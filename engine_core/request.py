@@ -53,6 +53,7 @@ class EngineRequest:
         "error",
         "pending",
         "arrival_time",
+        "logprobs",
     )
 
     def __init__(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -43,6 +43,7 @@ from .protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ErrorResponse,
+    Usage,
 )
 from .request_builder import PreparedRequest, RequestBuilder
 from .response import OutputProcessor, engine_dead
@@ -83,6 +84,10 @@ class ChatFrontend:
         self.tool_format = tool_format
         self.model_name = model_name
         self.tokenizer = builder.tokenizer
+        #: ids of the requests running now
+        self.active: set[str] = set()
+        #: told of every request that ran, as it ends (the HTTP server's metrics)
+        self.on_finish: Observer | None = None
         self.support = ToolSupport(
             auto=config.enable_auto_tool_choice and tool_format is not None,
             forced=True,  # the JSON-schema way needs no family format
@@ -221,19 +226,28 @@ class ChatFrontend:
             return fmt.new_parser([])
         return None
 
+    def run(self, endpoint: str, request_id: str, proc: OutputProcessor) -> Run:
+        """Book-keeping of one request while it runs (see `Run`)."""
+        return Run(self, endpoint, request_id, proc)
+
     async def complete(self, prepared: PreparedRequest) -> ChatCompletion | ErrorResponse:
         """Run ``prepared`` and return the whole response."""
         proc = self.processor(prepared)
         acc = CompletionAccumulator()
         created = int(time.time())
-        try:
-            async with aclosing(self._generate(prepared)) as outputs:
-                async for out in outputs:
-                    acc.add(proc.push(out))
-                    if proc.finished:
-                        break
-        except EngineDeadError as e:
-            return engine_dead(e)
+        with self.run("chat", prepared.request_id, proc) as run:
+            if run.refused is not None:
+                return run.refused
+            try:
+                async with aclosing(self._generate(prepared)) as outputs:
+                    async for out in outputs:
+                        acc.add(proc.push(out))
+                        if proc.finished:
+                            break
+            except EngineDeadError as e:
+                run.outcome = "error"
+                return engine_dead(e)
+            run.outcome = None
         if proc.error is not None:
             return proc.error_response(produced_tokens=proc.completion_tokens > 0)
         return completion(
@@ -261,31 +275,40 @@ class ChatFrontend:
         chunks = ChunkMaker(prepared.request_id, int(time.time()), self.model_name)
         every = prepared.continuous_usage
         began = False
-        try:
-            async with aclosing(self._generate(prepared)) as outputs:
-                async for out in outputs:
-                    delta = proc.push(out)
-                    if proc.error is not None:
-                        if began and delta:
-                            yield chunks.delta(delta)
-                        yield proc.error_response(produced_tokens=proc.completion_tokens > 0)
-                        return
-                    if not began:
-                        began = True
-                        yield chunks.role(proc.usage if every else None)
-                    if delta or proc.finished:
-                        yield chunks.delta(
-                            delta,
-                            proc.finish_reason,
-                            proc.usage if every else None,
-                            logprobs=proc.chat_logprobs(delta.logprobs) if delta.logprobs else None,
-                            stop_reason=proc.stop_reason if proc.finished else None,
-                        )
-                    if proc.finished:
-                        break
-        except EngineDeadError as e:
-            yield engine_dead(e)
-            return
+        with self.run("chat", prepared.request_id, proc) as run:
+            if run.refused is not None:
+                yield run.refused
+                return
+            try:
+                async with aclosing(self._generate(prepared)) as outputs:
+                    async for out in outputs:
+                        delta = proc.push(out)
+                        if proc.error is not None:
+                            run.outcome = None
+                            if began and delta:
+                                yield chunks.delta(delta)
+                            yield proc.error_response(produced_tokens=proc.completion_tokens > 0)
+                            return
+                        if not began:
+                            began = True
+                            yield chunks.role(proc.usage if every else None)
+                        if delta or proc.finished:
+                            yield chunks.delta(
+                                delta,
+                                proc.finish_reason,
+                                proc.usage if every else None,
+                                logprobs=proc.chat_logprobs(delta.logprobs)
+                                if delta.logprobs
+                                else None,
+                                stop_reason=proc.stop_reason if proc.finished else None,
+                            )
+                        if proc.finished:
+                            break
+            except EngineDeadError as e:
+                run.outcome = "error"
+                yield engine_dead(e)
+                return
+            run.outcome = None
         if prepared.include_usage:
             yield chunks.usage(proc.usage)
 
@@ -314,3 +337,48 @@ def _load(plugin: str, flag: str) -> None:
 
 def _token_text(tokenizer, token_id: int | None) -> str | None:
     return tokenizer.decode([token_id]) if token_id is not None else None
+
+
+#: what a request's end is counted as: `Run.outcome`, else its finish reason
+Observer = Callable[[str, str, Usage, float], None]
+
+
+class Run:
+    """One request while it runs: its id is reserved (a second request with the same
+    id in flight is refused: `refused` holds the answer), and when it ends the
+    front end's ``on_finish`` observer hears the endpoint, how it ended ("error" for
+    an engine error, "disconnected" when the caller left before the end, else the
+    finish reason), its usage and its seconds. The caller sets ``outcome`` to None
+    once the output is complete, or to a word of its own."""
+
+    def __init__(
+        self, frontend: ChatFrontend, endpoint: str, request_id: str, proc: OutputProcessor
+    ) -> None:
+        self.frontend = frontend
+        self.endpoint = endpoint
+        self.request_id = request_id
+        self.proc = proc
+        self.outcome: str | None = "disconnected"
+        self.refused: ErrorResponse | None = None
+        self._started = time.monotonic()
+
+    def __enter__(self) -> Run:
+        active = self.frontend.active
+        if self.request_id in active:
+            self.refused = RequestError(
+                f"a request with the id {self.request_id!r} is already running", "request_id"
+            ).to_response()
+        else:
+            active.add(self.request_id)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.refused is not None:
+            return
+        self.frontend.active.discard(self.request_id)
+        observer = self.frontend.on_finish
+        if observer is None:
+            return
+        proc = self.proc
+        how = self.outcome or proc.finish_reason or ("error" if proc.error else "stop")
+        observer(self.endpoint, how, proc.usage, time.monotonic() - self._started)

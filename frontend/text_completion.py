@@ -143,16 +143,21 @@ class TextCompletions:
         created = int(time.time())
         text: list[str] = []
         entries = []
-        try:
-            async with aclosing(self.chat.client.generate(p.engine_request)) as outputs:
-                async for out in outputs:
-                    d = proc.push(out)
-                    text.append(d.content)
-                    entries += d.logprobs or []
-                    if proc.finished:
-                        break
-        except EngineDeadError as e:
-            return engine_dead(e)
+        with self.chat.run("completions", p.request_id, proc) as run:
+            if run.refused is not None:
+                return run.refused
+            try:
+                async with aclosing(self.chat.client.generate(p.engine_request)) as outputs:
+                    async for out in outputs:
+                        d = proc.push(out)
+                        text.append(d.content)
+                        entries += d.logprobs or []
+                        if proc.finished:
+                            break
+            except EngineDeadError as e:
+                run.outcome = "error"
+                return engine_dead(e)
+            run.outcome = None
         if proc.error is not None:
             return proc.error_response(produced_tokens=proc.completion_tokens > 0)
         choice = CompletionChoice(
@@ -184,31 +189,33 @@ class TextCompletions:
                 id=p.request_id, created=created, model=model, choices=choices, usage=usage
             )
 
-        try:
-            async with aclosing(self.chat.client.generate(p.engine_request)) as outputs:
-                async for out in outputs:
-                    d = proc.push(out)
-                    if proc.error is not None:
-                        yield proc.error_response(produced_tokens=proc.completion_tokens > 0)
-                        return
-                    if d.content or proc.finished or d.logprobs:
-                        yield piece(
-                            [
-                                CompletionChoice(
-                                    index=0,
-                                    text=d.content,
-                                    finish_reason=proc.finish_reason,
-                                    logprobs=maker.make(d.logprobs or [])
-                                    if maker is not None
-                                    else None,
-                                    stop_reason=proc.stop_reason if proc.finished else None,
-                                )
-                            ]
-                        )
-                    if proc.finished:
-                        break
-        except EngineDeadError as e:
-            yield engine_dead(e)
-            return
+        with self.chat.run("completions", p.request_id, proc) as run:
+            if run.refused is not None:
+                yield run.refused
+                return
+            try:
+                async with aclosing(self.chat.client.generate(p.engine_request)) as outputs:
+                    async for out in outputs:
+                        d = proc.push(out)
+                        if proc.error is not None:
+                            run.outcome = None
+                            yield proc.error_response(produced_tokens=proc.completion_tokens > 0)
+                            return
+                        if d.content or proc.finished or d.logprobs:
+                            choice = CompletionChoice(
+                                index=0,
+                                text=d.content,
+                                finish_reason=proc.finish_reason,
+                                logprobs=maker.make(d.logprobs or []) if maker else None,
+                                stop_reason=proc.stop_reason if proc.finished else None,
+                            )
+                            yield piece([choice])
+                        if proc.finished:
+                            break
+            except EngineDeadError as e:
+                run.outcome = "error"
+                yield engine_dead(e)
+                return
+            run.outcome = None
         if p.include_usage:
             yield piece([], proc.usage)

@@ -1,4 +1,4 @@
-"""``thinkgate demo``: several chat requests through the front end and a spawned engine.
+"""thinkgate demo: several chat requests through the front end and a spawned engine.
 
 Nothing is downloaded. The engine runs the SCRIPTED model on the bundled Qwen3
 vocabulary: a script (embedded below, or ``--script FILE``) says what the model wants
@@ -297,19 +297,12 @@ async def _demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="thinkgate demo", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--script",
-        default=None,
-        metavar="FILE",
-        help="a script file of your own (see engine_core/runners/scripted.py)",
-    )
-    parser.add_argument(
-        "--tool-parser-plugin",
-        default=None,
-        metavar="PATH",
-        help="module or .py file that registers more tool-call formats",
-    )
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """The demo with the flags of ``thinkgate demo`` (``script``, ``tool_parser_plugin``)."""
     return asyncio.run(_demo(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .cli import main as cli
+
+    return cli(["demo", *(argv or [])])
