@@ -10,7 +10,13 @@ filled, rows, and seconds, as a summary: its mean is the fill time per step).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
@@ -73,6 +79,7 @@ class Metrics:
     """One server's metrics, in a registry of their own."""
 
     def __init__(self) -> None:
+        disable_created_metrics()  # the *_created series say nothing here
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(

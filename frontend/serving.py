@@ -282,6 +282,7 @@ class ChatFrontend:
             try:
                 async with aclosing(self._generate(prepared)) as outputs:
                     async for out in outputs:
+                        role_usage = proc.usage if every and not began else None
                         delta = proc.push(out)
                         if proc.error is not None:
                             run.outcome = None
@@ -291,7 +292,7 @@ class ChatFrontend:
                             return
                         if not began:
                             began = True
-                            yield chunks.role(proc.usage if every else None)
+                            yield chunks.role(role_usage)
                         if delta or proc.finished:
                             yield chunks.delta(
                                 delta,

@@ -23,7 +23,7 @@ from engine_core.client import EngineClient, EngineStartError
 from engine_core.config import EngineConfig
 from frontend.config import ConfigError, FrontendConfig
 from frontend.protocol import ChatCompletion, ChatMessage, ErrorResponse, Usage
-from frontend.response import fold_chunks
+from frontend.chunks import fold_chunks
 from frontend.serving import ChatFrontend
 
 
