@@ -21,9 +21,9 @@ from typing import Any
 
 from engine_core.client import EngineClient, EngineStartError
 from engine_core.config import EngineConfig
+from frontend.chunks import fold_chunks
 from frontend.config import ConfigError, FrontendConfig
 from frontend.protocol import ChatCompletion, ChatMessage, ErrorResponse, Usage
-from frontend.chunks import fold_chunks
 from frontend.serving import ChatFrontend
 
 
