@@ -5,7 +5,6 @@ HTTP server. See bench/README.md."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 
@@ -145,7 +144,11 @@ def parser() -> argparse.ArgumentParser:
 
 def _check_plot(args: argparse.Namespace) -> str | None:
     """Why ``--plot`` cannot work, before anything runs (None: it can)."""
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
+    if not args.plot:
+        return None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
         return (
             "--plot needs matplotlib, which is not installed: pip install 'thinkgate[bench]' "
             "(or leave out --plot)"

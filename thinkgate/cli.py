@@ -16,20 +16,33 @@ from collections.abc import Callable
 DESCRIPTION = "Engine core for structured outputs and forced tool calls with reasoning models."
 
 
+def _worth_saying(default: object) -> bool:
+    if default is None or default is False or default is argparse.SUPPRESS:
+        return False
+    return default not in ([], "")
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Every option says its default, when it has one worth saying."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        default = action.default
         if (
-            default not in (None, False, [], argparse.SUPPRESS)
+            _worth_saying(action.default)
             and "%(default)" not in text
             and "default" not in text
             and action.option_strings
         ):
             text = f"{text} (default: %(default)s)" if text else "default: %(default)s"
         return text
+
+
+def _say_defaults(p: argparse.ArgumentParser) -> None:
+    """Options without a help text still show their default (argparse prints nothing
+    for an option whose help is empty)."""
+    for action in p._actions:
+        if action.help is None and _worth_saying(action.default):
+            action.help = "default: %(default)s"
 
 
 def _version() -> str:
@@ -203,6 +216,7 @@ def parser() -> argparse.ArgumentParser:
             formatter_class=HelpFormatter,
         )
         flags(p)
+        _say_defaults(p)
     sub.add_parser(
         "bench",
         help="measure bitmask fill, apply+sample, the engine end to end, the HTTP server",

@@ -3,6 +3,8 @@ README's examples, the HTTP benchmark's smoke test share it)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.support.http_server import Server
@@ -19,3 +21,14 @@ def random_server():
     s = Server([*README_FLAGS, "--device", "cpu"])
     yield s
     assert s.stop() == 0, s.output
+    assert not _alive(s.engine_pid), "the engine outlived the server that started it"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone too
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"

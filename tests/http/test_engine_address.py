@@ -63,4 +63,5 @@ def test_a_full_engine_is_503_with_retry_after_and_the_engine_outlives_the_serve
     try:
         assert httpx.get(again.url + "/health", timeout=30).status_code == 200
     finally:
+        again.proc.send_signal(signal.SIGINT)  # Ctrl-C: as clean as SIGTERM
         assert again.stop() == 0, again.output
