@@ -195,14 +195,25 @@ def _request_line(body: dict[str, Any]) -> str:
     return json.dumps(shown, ensure_ascii=False)
 
 
+def _arguments(text: str) -> str:
+    """A call's arguments as a client reads them: parsed, shown compact. Where the mask
+    repaired a call, the model may have written whitespace between JSON tokens (the
+    grammar allows a bounded run); that is layout, not arguments. Text that does not
+    parse (a call cut by max_tokens) is shown as it is."""
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False)
+    except ValueError:
+        return json.dumps(text, ensure_ascii=False)
+
+
 def _print_result(message: ChatMessage, finish: str | None, usage: Usage | None) -> None:
     print(f"  reasoning      {json.dumps(message.reasoning, ensure_ascii=False)}")
     print(f"  content        {json.dumps(message.content, ensure_ascii=False)}")
     if message.tool_calls:
         for i, c in enumerate(message.tool_calls):
             head = "  tool_calls    " if i == 0 else "                "
-            args = c.function.arguments.replace("\n", "\\n").replace("\t", "\\t")
-            print(f"{head} [{i}] {c.function.name} {args}  (id {c.id[:22]}...)")
+            print(f"{head} [{i}] {c.function.name} {_arguments(c.function.arguments)}  "
+                  f"(id {c.id[:22]}...)")  # fmt: skip
     else:
         print("  tool_calls     []")
     print(f"  finish_reason  {finish}")
@@ -245,6 +256,17 @@ async def _run_case(frontend: ChatFrontend, title: str, body: dict[str, Any], n:
     return True
 
 
+async def _still_starting(since: float) -> None:
+    """Say what the engine is doing while it starts (several seconds on a small CPU)."""
+    while True:
+        await asyncio.sleep(5)
+        print(
+            f"  ... the engine is still starting ({time.monotonic() - since:.0f} s): it imports "
+            "torch, loads the vocabulary and starts its grammar compile workers",
+            flush=True,
+        )
+
+
 async def _demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="thinkgate-demo-") as tmp:
@@ -267,11 +289,14 @@ async def _demo(args: argparse.Namespace) -> int:
             compile_workers=1,
             log_level="WARNING",
         )
+        ticker = asyncio.ensure_future(_still_starting(started))
         try:
             client = await EngineClient.spawn(config)
         except EngineStartError as e:
             print(f"error: the engine did not start: {e}", file=sys.stderr)
             return 1
+        finally:
+            ticker.cancel()
         try:
             frontend = ChatFrontend.create(
                 client,
