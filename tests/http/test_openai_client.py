@@ -19,6 +19,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.http_server import Server
 
@@ -366,6 +368,57 @@ def test_bad_requests_are_400_with_the_openai_body(client, server):
     assert "not among the tools" in str(e.value)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="other", messages=[{"role": "user", "content": "hi"}])
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+FIELDS = [
+    "messages", "tools", "tool_choice", "response_format", "stop", "max_tokens", "n", "seed",
+    "temperature", "top_p", "top_k", "logprobs", "top_logprobs", "stream", "stream_options",
+    "chat_template_kwargs", "include_reasoning", "structured_outputs", "min_tokens",
+    "parallel_tool_calls", "reasoning_effort", "thinking_token_budget", "stop_token_ids",
+]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(mutations=st.dictionaries(st.sampled_from(FIELDS), JSON, min_size=1, max_size=3))
+def test_no_request_makes_a_500(server, mutations):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        **mutations,
+    }
+    r = httpx.post(
+        server.base_url + "/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=120,
+    )
+    assert r.status_code in (200, 400, 404), (body, r.status_code, r.text)
+    if r.status_code != 200:
+        err = r.json()["error"]
+        assert err["code"] == r.status_code and err["message"]
+
+
+def test_earlier_thinking_in_either_field(client):
+    for field in ("reasoning", "reasoning_content"):
+        history = [
+            {"role": "user", "content": "Tell a story"},
+            {"role": "assistant", "content": "Once.", field: "I thought."},
+            {"role": "user", "content": "Tell a story again"},
+        ]
+        r = client.chat.completions.create(model=MODEL, messages=history, seed=1)
+        assert r.choices[0].message.content == STORY
 
 
 def test_api_key_refusal(server):
