@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.support.http_server import ROOT, _env, run_cli
+from tests.support.http_server import ROOT, child_env, run_cli
 from thinkgate.cli import main
 
 HELPS = [[], ["serve"], ["engine"], ["demo"], ["bench"], ["bench", "http"], ["bench", "fill"]]
@@ -35,7 +35,7 @@ def test_help_imports_nothing_heavy_and_explains_every_flag(command):
         "print(json.dumps([code, heavy, out.getvalue()]))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=_env(), capture_output=True, text=True
+        [sys.executable, "-c", probe], cwd=ROOT, env=child_env(), capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
     code, heavy, text = json.loads(proc.stdout)
@@ -79,7 +79,7 @@ MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "flag"), MISTAKES, ids=lambda x: " ".join(x))
+@pytest.mark.parametrize(("argv", "flag"), MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
 def test_a_mistake_is_one_line_and_status_2(argv, flag, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -126,7 +126,7 @@ def test_plot_without_matplotlib_says_which_extra_before_running():
         "sys.exit(main(['bench', 'fill', '--plot', 'x.png']))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=_env(), capture_output=True, text=True
+        [sys.executable, "-c", probe], cwd=ROOT, env=child_env(), capture_output=True, text=True
     )
     assert proc.returncode == 2
     assert "thinkgate[bench]" in proc.stderr and "Traceback" not in proc.stderr
@@ -137,7 +137,7 @@ def test_ctrl_c_while_the_engine_starts_is_one_line(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "thinkgate", "serve", "--port", "0", "--device", "cpu"],
         cwd=ROOT,
-        env=_env(),
+        env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

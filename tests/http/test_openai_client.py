@@ -275,6 +275,17 @@ def test_include_reasoning_false_hides_the_thinking_and_its_logprobs(client):
     assert b"".join(streamed).decode() == answer
 
 
+def test_greedy_tokens_are_the_likeliest(client):
+    r = ask(client, "Tell a story", logprobs=True, top_logprobs=3, temperature=0).choices[0]
+    assert r.message.content == STORY
+    for t in r.logprobs.content:
+        best = t.top_logprobs[0]
+        assert (best.token, best.bytes) == (t.token, t.bytes) and best.logprob == t.logprob
+        assert [x.logprob for x in t.top_logprobs] == sorted(
+            (x.logprob for x in t.top_logprobs), reverse=True
+        )
+
+
 def test_async_client_concurrent_streams(server):
     async def one(c: openai.AsyncOpenAI, i: int) -> str:
         stream = await c.chat.completions.create(
@@ -299,6 +310,16 @@ def test_completions_endpoint(client):
     # the raw text, thinking markers and all
     whole = client.completions.create(model=MODEL, prompt="Tell a story", max_tokens=100)
     assert whole.choices[0].text == think("A short story.") + STORY
+    # streamed, with a stop string: the same text up to it
+    pieces, finish = [], None
+    for chunk in client.completions.create(
+        model=MODEL, prompt="Tell a story", max_tokens=100, stop=["🦜"], stream=True
+    ):
+        for ch in chunk.choices:
+            pieces.append(ch.text)
+            finish = ch.finish_reason or finish
+    text = think("A short story.") + STORY
+    assert "".join(pieces) == text[: text.index("🦜")] and finish == "stop"
     # a raw prompt with a JSON-schema constraint (and log-probabilities)
     r = client.completions.create(
         model=MODEL, prompt="<|im_start|>assistant\n<think>\n\n</think>\n\n", max_tokens=200,

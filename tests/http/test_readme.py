@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.support.http_server import ROOT, _env
+from tests.support.http_server import ROOT, child_env
 
 from .conftest import README_FLAGS
 
@@ -53,7 +53,7 @@ def _run_python(code: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
-        env=_env(),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("THINKGATE_API_KEY", None)
@@ -39,7 +39,7 @@ class Process:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "thinkgate", *args],
             cwd=ROOT,
-            env=_env(env),
+            env=child_env(env),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -128,7 +128,7 @@ def run_cli(args: list[str], *, timeout_s: float = 120.0, **kwargs) -> subproces
     return subprocess.run(
         [sys.executable, "-m", "thinkgate", *args],
         cwd=ROOT,
-        env=_env(kwargs.pop("env", None)),
+        env=child_env(kwargs.pop("env", None)),
         capture_output=True,
         text=True,
         timeout=timeout_s,
