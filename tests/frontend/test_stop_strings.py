@@ -16,7 +16,7 @@ from engine_core.client import RequestOutput
 from frontend.chunks import CompletionAccumulator
 from frontend.response import OutputProcessor
 from frontend.stop_strings import StopStringGate
-from ipc import FinishReason, TokenLogprobs
+from ipc import Codec, EngineCoreOutput, EngineCoreOutputs, FinishReason, TokenLogprobs
 from reasoning import create_reasoning_parser
 from tokenization import load_tokenizer
 
@@ -206,3 +206,12 @@ def test_gate_releases_whole_tokens_only_and_holds_what_may_begin_a_stop():
 def test_gate_refuses_empty_stop_strings(stops):
     with pytest.raises(ValueError):
         StopStringGate(stops, TOK.token_bytes)
+
+
+def test_every_finish_reason_is_truthy_and_survives_the_wire():
+    codec = Codec()
+    for reason in FinishReason:
+        assert reason and str(reason) == reason.value
+        out = EngineCoreOutputs([EngineCoreOutput("r", [1], finish_reason=reason)])
+        (back,) = codec.decode(codec.encode(out)).outputs
+        assert back.finish_reason is reason
