@@ -7,11 +7,12 @@
    string cuts the text right before it (inside a token if need be) and ends the
    output (`frontend.stop_strings`: the one owner of stop strings; the caller then
    leaves the engine's stream, which aborts the request there);
-3. splits the token ids into reasoning and content with the reasoning tracker (the
-   same machine the engine drives, so both see the thinking end at the same token),
-   drops the family's separator (Qwen3's blank line after ``</think>``) from the start
-   of an answer that follows thinking, and the layout the family's template writes
-   inside the thinking markers (`THINKING_LAYOUT`); what the model wrote is kept;
+3. splits the token ids into reasoning and content with `reasoning.ReasoningStream`
+   over the request's tracker (the same machine the engine drives, so both see the
+   thinking end at the same token, and both read the family's layout after its end
+   marker, such as Qwen3's blank line after ``</think>``, alike: it is in neither
+   side), then drops the layout the family's template writes inside the thinking
+   markers (`THINKING_LAYOUT`); what the model wrote is kept;
 4. reads the content text for tool calls with the format's stream parser;
 5. drops calls after the first when ``parallel_tool_calls`` is false (all calls when
    the request reads none: a family that frames its answers, such as Harmony, is
@@ -32,13 +33,12 @@ otherwise, "abort" for an aborted request; an engine error becomes an error resp
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from engine_core.client import RequestOutput
 from ipc import ENGINE_FULL, FinishReason
-from reasoning import AnswerStart, Phase, ReasoningTracker
+from reasoning import AnswerStart, Phase, ReasoningStream, ReasoningTracker
 
 from .logprobs import AnswerLogprobs, Entry, LogprobQueue, chat_logprobs
 from .protocol import (
@@ -56,7 +56,7 @@ from .tool_formats import ToolCallDelta, ToolCallParser, default_call_id
 #: (``<think>\n...\n</think>``, the Qwen3 and DeepSeek-R1 templates). The reasoning
 #: returned leaves out one of each where the model wrote them, and keeps everything
 #: else it wrote. The one place this rule lives; a family's own rule can replace it.
-THINKING_LAYOUT: tuple[bytes, bytes] = (b"\n", b"\n")
+THINKING_LAYOUT: tuple[str, str] = ("\n", "\n")
 
 
 @dataclass(slots=True)
@@ -73,22 +73,23 @@ class OutputDelta:
         return bool(self.reasoning or self.content or self.tool_calls or self.logprobs)
 
 
-class _LayoutTrim:
-    """Drops `THINKING_LAYOUT` from the thinking's bytes as they stream: the opening
+class ThinkingLayout:
+    """Drops `THINKING_LAYOUT` from the thinking text as it streams: the opening
     newline at its start, and the closing one when the thinking ends with its marker
-    (a trailing newline is held back until it is known which)."""
+    (a trailing newline is held back until it is known which). Whole and streamed
+    agree: what is held is released or dropped the same way whatever the chunking."""
 
     __slots__ = ("_lead", "_lead_held", "_lead_done", "_trail", "_held")
 
-    def __init__(self, layout: tuple[bytes, bytes]) -> None:
+    def __init__(self, layout: tuple[str, str]) -> None:
         self._lead, self._trail = layout
-        self._lead_held = b""
+        self._lead_held = ""
         self._lead_done = not self._lead
-        self._held = b""
+        self._held = ""
 
-    def push(self, r: bytes, *, ended: bool, final: bool) -> bytes:
-        """More thinking bytes; ``ended``: the thinking closed after them; ``final``:
-        the output ends (an unclosed thinking keeps its trailing bytes)."""
+    def push(self, r: str, *, ended: bool, final: bool) -> str:
+        """More thinking text; ``ended``: the thinking closed after it; ``final``: the
+        output ends (an unclosed thinking keeps its trailing text)."""
         if not self._lead_done and (r or ended or final):
             lead = self._lead
             n = 0
@@ -99,11 +100,11 @@ class _LayoutTrim:
             elif n == len(r) and not (ended or final):
                 self._lead_held += r
                 self._lead = lead[n:]
-                return b""
+                return ""
             else:
                 r, self._lead_done = self._lead_held + r, True
-            self._lead_held = b""
-        r, self._held = self._held + r, b""
+            self._lead_held = ""
+        r, self._held = self._held + r, ""
         trail = self._trail
         if ended:
             return r[: -len(trail)] if trail and r.endswith(trail) else r
@@ -114,109 +115,6 @@ class _LayoutTrim:
                 self._held = r[-k:]
                 return r[:-k]
         return r
-
-
-class ReasoningSplitter:
-    """Token ids to reasoning and content text, through a reasoning tracker (None: all
-    content). The pieces concatenate to the whole output's split, but for the family's
-    layout: when this output thought, the separator (``content_separator``: Qwen3's
-    blank line after ``</think>``) is dropped from the start of its answer, and
-    `THINKING_LAYOUT` from the thinking. ``answer_start`` is what the tracker returned
-    for the last ids pushed."""
-
-    __slots__ = (
-        "tracker",
-        "_tb",
-        "_r",
-        "_c",
-        "_sep",
-        "_held",
-        "_thought",
-        "_started",
-        "_trim",
-        "answer_start",
-    )
-
-    def __init__(
-        self,
-        tracker: ReasoningTracker | None,
-        token_bytes: Callable[[int], bytes],
-        separator: bytes = b"",
-        layout: tuple[bytes, bytes] = THINKING_LAYOUT,
-    ) -> None:
-        self.tracker = tracker
-        self._tb = token_bytes
-        self._r = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._c = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        #: what is still to match of the separator, at the start of the answer
-        self._sep = separator
-        self._held = b""
-        self._thought = tracker is not None and tracker.phase == Phase.THINKING
-        #: the answer has begun (its separator, if any, is behind)
-        self._started = False
-        self._trim = _LayoutTrim(layout)
-        self.answer_start: AnswerStart | None = None
-
-    def push(self, ids: Sequence[int]) -> tuple[str, str]:
-        self.answer_start = None
-        if not ids:
-            return "", ""
-        if self.tracker is None:
-            return "", self._c.decode(b"".join(self._tb(t) for t in ids))
-        text, self.answer_start = self.tracker.split_bytes(ids)
-        if (
-            text.reasoning
-            or self.tracker.num_reasoning_tokens
-            or self.tracker.phase == Phase.THINKING
-        ):
-            self._thought = True
-        return self._decode(text.reasoning, text.content, final=False)
-
-    def push_partial(self, data: bytes) -> tuple[str, str]:
-        """Bytes of a token cut short (by a stop string): they go to the side the
-        output is on."""
-        if self.tracker is not None and self.tracker.phase == Phase.THINKING:
-            return self._decode(data, b"", final=False)
-        return self._decode(b"", data, final=False)
-
-    def finish(self) -> tuple[str, str]:
-        if self.tracker is None:
-            return "", self._c.decode(b"", final=True)
-        text = self.tracker.flush()
-        return self._decode(text.reasoning, text.content, final=True)
-
-    def _decode(self, r: bytes, c: bytes, *, final: bool) -> tuple[str, str]:
-        if self._thought:
-            ended = self.tracker is not None and self.tracker.phase != Phase.THINKING
-            r = self._trim.push(r, ended=ended, final=final)
-        if not self._started and (c or final):
-            c = self._answer_start(c, final)
-        return (
-            self._r.decode(r, final) if (r or final) else "",
-            self._c.decode(c, final) if (c or final) else "",
-        )
-
-    def _answer_start(self, c: bytes, final: bool) -> bytes:
-        """The first content bytes: drop the separator when it is there whole; hold
-        bytes that may still become it; give back a partial match."""
-        sep = self._sep if self._thought else b""
-        n = 0
-        while n < len(c) and n < len(sep) and c[n] == sep[n]:
-            n += 1
-        if sep and n == len(sep):
-            self._started, self._held = True, b""
-            return c[n:]
-        if sep and n == len(c) and not final:
-            self._held += c
-            self._sep = sep[n:]
-            return b""
-        out = self._held + c
-        self._started, self._held = bool(out), b""
-        return out
-
-    @property
-    def num_reasoning_tokens(self) -> int:
-        return self.tracker.num_reasoning_tokens if self.tracker is not None else 0
 
 
 class OutputProcessor:
@@ -231,7 +129,6 @@ class OutputProcessor:
         token_bytes: Callable[[int], bytes],
         prompt_tokens: int,
         tracker: ReasoningTracker | None,
-        separator: bytes = b"",
         tool_parser: ToolCallParser | None,
         keep_calls: bool = True,
         parallel_tool_calls: bool = True,
@@ -246,7 +143,8 @@ class OutputProcessor:
         self.keep_calls = keep_calls
         self.parallel_tool_calls = parallel_tool_calls
         self._tb = token_bytes
-        self._split = ReasoningSplitter(tracker, token_bytes, separator)
+        self._split = ReasoningStream(tracker, token_bytes=token_bytes)
+        self._layout = ThinkingLayout(THINKING_LAYOUT) if tracker is not None else None
         self._tools = tool_parser
         self._gate = StopStringGate(stop, token_bytes) if stop else None
         self._stop_ids = frozenset(stop_token_ids)
@@ -306,18 +204,16 @@ class OutputProcessor:
                 released += self._gate.flush()
         done = self.finished
         delta = OutputDelta(logprobs=[] if lpq is not None else None)
-        before = self._split.tracker.phase if self._split.tracker is not None else Phase.ANSWER
-        r, c = self._split.push(released)
+        before = self._phase
+        r, c = self._split.push(released) if released else ("", "")
+        r = self._trim(r, final=False)
         if lpq is not None:
-            self._place_logprobs(delta, lpq.take(len(released)), before)
-        if partial:
-            r2, c2 = self._split.push_partial(partial)
-            r, c = r + r2, c + c2
-            if lpq is not None:
-                self._place_logprobs(delta, lpq.take(1), self._phase)
+            self._place_logprobs(delta, lpq.take(len(released)), before, self._split.answer_start)
         if done:
-            r2, c2 = self._split.finish()
-            r, c = r + r2, c + c2
+            if partial and lpq is not None:  # the token the stop string begins inside
+                self._place_logprobs(delta, lpq.take(1), self._phase, None)
+            r2, c2 = self._split.finish(partial)
+            r, c = r + self._trim(r2, final=True), c + c2
             if self._answer_lp is not None:
                 assert delta.logprobs is not None
                 delta.logprobs += self._answer_lp.finish(self._phase)
@@ -345,16 +241,23 @@ class OutputProcessor:
         t = self._split.tracker
         return t.phase if t is not None else Phase.ANSWER
 
-    def _place_logprobs(self, delta: OutputDelta, entries: list[Entry], before: Phase) -> None:
+    def _trim(self, r: str, *, final: bool) -> str:
+        """The thinking text without the template's layout (`THINKING_LAYOUT`)."""
+        if self._layout is None:
+            return r
+        return self._layout.push(r, ended=self._phase == Phase.ANSWER, final=final)
+
+    def _place_logprobs(
+        self, delta: OutputDelta, entries: list[Entry], before: Phase, start: AnswerStart | None
+    ) -> None:
         """Add the entries of tokens just split to ``delta``: all of them, or with the
-        thinking left out, those of the answer only."""
+        thinking left out, those of the answer only (``before``: the tracker's phase
+        before them; ``start``: where the answer began among them, if it did)."""
         assert delta.logprobs is not None
         if self._answer_lp is None:
             delta.logprobs += entries
         else:
-            delta.logprobs += self._answer_lp.push(
-                entries, before, self._split.answer_start, self._phase
-            )
+            delta.logprobs += self._answer_lp.push(entries, before, start, self._phase)
 
     def chat_logprobs(self, entries: list[Entry] | None) -> ChoiceLogprobs | None:
         """The chat API's ``logprobs`` of a delta's entries (None: not asked for)."""

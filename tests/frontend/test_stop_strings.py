@@ -153,7 +153,6 @@ def test_reasoning_and_content_identical_whole_and_streamed():
             token_bytes=TOK.token_bytes,
             prompt_tokens=len(PROMPT),
             tracker=parser.tracker(PROMPT, parser.reasoning_ended(PROMPT)),
-            separator=parser.content_separator,
             tool_parser=None,
             stop=stops,
         )
