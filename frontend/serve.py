@@ -43,6 +43,10 @@ class ServerConfig:
     api_key: str | None = None
     #: join this running engine instead of starting one
     engine_address: str | None = None
+    #: an engine silent this long is taken for dead (for good: every request then gets
+    #: 503). A started engine that exits is seen at once, whatever this says; the
+    #: limit is for one that hangs, and must outlast a busy machine's pauses
+    engine_timeout_s: float = 30.0
     log_level: str = "info"
 
 
@@ -78,7 +82,9 @@ async def _start_engine(
     t0 = time.monotonic()
     if server.engine_address:
         say(f"joining the engine at {server.engine_address}")
-        start = EngineClient.connect(server.engine_address)
+        start = EngineClient.connect(
+            server.engine_address, engine_timeout_s=server.engine_timeout_s
+        )
         waiting = "waiting for the engine's handshake"
     else:
         say(
@@ -86,7 +92,7 @@ async def _start_engine(
             f"{engine.resolved_tokenizer()}, device {engine.device}): it imports torch, "
             "loads the vocabulary and the model, then starts its grammar compile workers"
         )
-        start = EngineClient.spawn(engine)
+        start = EngineClient.spawn(engine, engine_timeout_s=server.engine_timeout_s)
         waiting = "the engine is still starting"
     ticker = asyncio.ensure_future(_ticker(waiting))
     starting = asyncio.ensure_future(start)

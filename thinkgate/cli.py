@@ -87,6 +87,12 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
         "starting one; the engine flags above are then the engine's own",
     )
     g.add_argument(
+        "--engine-timeout-s",
+        type=float,
+        default=30.0,
+        help="an engine silent this long is taken for dead (one that exits is seen at once)",
+    )
+    g.add_argument(
         "--uvicorn-log-level",
         default="warning",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -136,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         api_key=args.api_key or None,
         engine_address=args.engine_address,
+        engine_timeout_s=args.engine_timeout_s,
         log_level=args.uvicorn_log_level,
     )
     try:
