@@ -23,8 +23,8 @@ from typing import Any
 from structured_output.specs import CompileOptions, GrammarSpec, compile_spec
 from tokenization import Tokenizer, load_tokenizer
 
-VOCABS = ("qwen3", "o200k_harmony")
-GRAMMARS = ("one_tool_schema", "required_8_tools", "hermes_tag", "builtin_json")
+from .names import GRAMMARS, VOCABS  # noqa: F401  (also read as states.VOCABS)
+
 MARKERS = ("<tool_call>", "</tool_call>")
 
 # ----- the eight tools -------------------------------------------------------------

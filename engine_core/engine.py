@@ -16,6 +16,7 @@ and this object.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -23,13 +24,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ipc import EngineCoreOutput, EngineCoreRequest, FinishReason
+from ipc import ENGINE_FULL, MAX_TOP_LOGPROBS, EngineCoreOutput, EngineCoreRequest, FinishReason
 from reasoning import ReasoningError
 from structured_output import GrammarError, GrammarSpec
 from structured_output.guide import GuideError
 from structured_output.manager import StructuredOutputConfig, StructuredOutputManager
 
 from .config import EngineConfig
+from .logprobs import StepLogprobs
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
@@ -86,6 +88,12 @@ class EngineCore:
         self.running: list[EngineRequest] = []
         self.rng = np.random.default_rng(config.seed)
         self.num_steps = 0
+        #: running requests that asked for log-probabilities
+        self.num_logprob_requests = 0
+        #: steps that filled bitmask rows, the rows, and the seconds the fills took
+        self.num_fill_steps = 0
+        self.num_fill_rows = 0
+        self.fill_seconds = 0.0
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinkgate-model")
 
     # ----- requests in and out ---------------------------------------------------
@@ -116,7 +124,7 @@ class EngineCore:
         held, limit = len(self.requests), self.config.max_num_seqs + self.config.max_waiting
         if held >= limit:
             raise ValueError(
-                f"the engine is full: it holds {held} requests ({self.config.max_num_seqs} "
+                f"{ENGINE_FULL}: it holds {held} requests ({self.config.max_num_seqs} "
                 f"running, {self.config.max_waiting} waiting at most); retry later"
             )
         if not req.prompt_token_ids:
@@ -138,6 +146,8 @@ class EngineCore:
             raise ValueError("min_tokens must lie between 0 and max_tokens")
         if any(not 0 <= t < self.vocab_rows for t in sp.stop_token_ids):
             raise ValueError(f"stop token ids must lie in [0, {self.vocab_rows})")
+        if sp.logprobs is not None and not 0 <= sp.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must lie in [0, {MAX_TOP_LOGPROBS}]")
         if req.reasoning_budget is not None and req.reasoning_budget < 0:
             raise ValueError("reasoning_budget must be >= 0")
         if req.reasoning_ended is not None:
@@ -201,6 +211,8 @@ class EngineCore:
             for r in self.running:
                 if r.status == Status.FINISHED:
                     self.runner.remove(r)
+                    if r.logprobs is not None:
+                        self.num_logprob_requests -= 1
             self.running = [r for r in self.running if r.status != Status.FINISHED]
         room = self.config.max_num_seqs - len(self.running)
         if not self.waiting or room <= 0:
@@ -230,6 +242,8 @@ class EngineCore:
                 self.requests.pop(r.key, None)
                 continue
             r.status = Status.RUNNING
+            if r.logprobs is not None:
+                self.num_logprob_requests += 1
             self.runner.add(r)
             self.running.append(r)
             room -= 1
@@ -248,7 +262,10 @@ class EngineCore:
         cons, ok = self._prepare(batch, out)
         sb = self._sampling_batch(batch)  # while the forward pass runs, like _prepare
         logits = forward.result()
+        lp = StepLogprobs.gather(logits, batch) if self.num_logprob_requests else None
         tokens = self.sampler.sample(logits, sb, cons)
+        if lp is not None:
+            lp.record(tokens)
         self.num_steps += 1
         self._commit(batch, tokens, ok, out)
         return out
@@ -293,7 +310,13 @@ class EngineCore:
             if len(r.output_ids) < r.min_tokens and r.stop_ids:
                 ban_rows.extend([i] * len(r.stop_ids))
                 ban_ids.extend(r.stop_ids)
-        mask = self.so.fill(fill_rows, fill_guides) if fill_rows else None
+        mask = None
+        if fill_rows:
+            t0 = time.perf_counter()
+            mask = self.so.fill(fill_rows, fill_guides)
+            self.fill_seconds += time.perf_counter() - t0
+            self.num_fill_steps += 1
+            self.num_fill_rows += len(fill_rows)
         cons = StepConstraints(
             mask=mask,
             ban_rows=np.asarray(ban_rows, dtype=np.int64),
@@ -353,6 +376,7 @@ class EngineCore:
                             r.request_id,
                             r.output_ids[r.num_sent :],
                             num_reasoning_tokens=r.guide.num_reasoning_tokens if r.guide else 0,
+                            logprobs=r.logprobs.take() if r.logprobs is not None else None,
                         ),
                     )
                 )
@@ -375,6 +399,7 @@ class EngineCore:
             stop_reason=r.stop_reason,
             error=r.error,
             num_reasoning_tokens=g.num_reasoning_tokens if g is not None else 0,
+            logprobs=r.logprobs.take() if r.logprobs is not None else None,
         )
 
     def close(self) -> None:

@@ -354,6 +354,12 @@ class EngineServer:
                     num_compiling=so.num_compiling,
                     num_cached_grammars=so.num_cached_grammars,
                     num_clients=len(self._clients),  # the IO thread's dict; len() is atomic
+                    num_compiled_grammars=so.compiler.num_compiled,
+                    compile_seconds=so.compiler.compile_seconds,
+                    num_grammar_cache_hits=so.compiler.num_cache_hits,
+                    num_fill_steps=core.num_fill_steps,
+                    num_fill_rows=core.num_fill_rows,
+                    fill_seconds=core.fill_seconds,
                 ),
             )
         elif msg is CLIENT_GONE:

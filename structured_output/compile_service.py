@@ -172,6 +172,10 @@ class CompileService:
         self._closed = False
         self.num_timeouts = 0
         self.num_compiled = 0
+        #: seconds the successful compiles took (the worker's round trip), in total
+        self.compile_seconds = 0.0
+        #: submissions answered from the cache
+        self.num_cache_hits = 0
         self._threads = [
             threading.Thread(target=self._dispatch, name=f"thinkgate-compile-{i}", daemon=True)
             for i in range(max(1, num_workers))
@@ -184,6 +188,7 @@ class CompileService:
         that fails its checks). Never blocks."""
         hit = self.cache.get(spec)
         if hit is not None:
+            self.num_cache_hits += 1
             return _done(hit)
         try:
             check_spec(spec, self.options)
@@ -226,13 +231,21 @@ class CompileService:
         for t in self._threads:
             t.join(timeout=5)
 
-    def _finish(self, job: _Job, grammar: xgr.CompiledGrammar | None, error: str | None) -> None:
+    def _finish(
+        self,
+        job: _Job,
+        grammar: xgr.CompiledGrammar | None,
+        error: str | None,
+        seconds: float = 0.0,
+    ) -> None:
         with self._lock:
             if self._inflight.get(job.spec) is job:
                 del self._inflight[job.spec]
+            if grammar is not None:
+                self.num_compiled += 1
+                self.compile_seconds += seconds
         if grammar is not None:
             self.cache.put(job.spec, grammar)
-            self.num_compiled += 1
             job.future.set_result(grammar)
         else:
             job.future.set_exception(GrammarError(error or "grammar compilation failed"))
@@ -314,7 +327,8 @@ class CompileService:
                 if worker is None:
                     self._finish(job, None, "no grammar compile worker is available")
                     continue
-                deadline = time.monotonic() + self.timeout_s
+                began = time.monotonic()
+                deadline = began + self.timeout_s
                 reply, worker = self._compile(worker, job, deadline)
                 if reply is None:
                     if time.monotonic() >= deadline:
@@ -336,7 +350,7 @@ class CompileService:
                     except (RuntimeError, ValueError) as e:
                         self._finish(job, None, f"compiled grammar could not be loaded: {e}")
                     else:
-                        self._finish(job, grammar, None)
+                        self._finish(job, grammar, None, time.monotonic() - began)
         finally:
             if worker is not None:
                 worker.kill()

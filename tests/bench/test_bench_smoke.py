@@ -104,3 +104,20 @@ def test_latency(tmp_path, capsys):
     capsys.readouterr()
     assert summary.main([str(out)]) == 0
     assert "1-token round trip" in capsys.readouterr().out
+
+
+def test_http(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    args = ["http", "--requests", "6", "--warmup", "2", "--concurrency", "1,4"]
+    assert main([*args, "--stream-tokens", "8", "--json", str(out), "--plot", str(png)]) == 0
+    records = _records(out)
+    assert [(r["method"], r["batch_size"]) for r in records] == [
+        ("chat_1_token", 1),
+        ("chat_1_token", 4),
+        ("stream_8_tokens", 1),
+        ("stream_8_tokens", 4),
+    ]
+    for r in records:
+        assert r["iters"] == 6 and r["extra"]["requests_per_s"] > 0
+        assert 0 < r["median_us"] <= r["extra"]["p99_us"]
+    assert png.stat().st_size > 0
