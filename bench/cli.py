@@ -1,4 +1,4 @@
-"""``thinkgate bench fill|apply|sample|e2e|latency|http``: measure the engine's
+"""thinkgate bench fill|apply|sample|e2e|latency|http: measure the engine's
 structured-output paths side by side with the usual way, the engine process around the
 model, and the HTTP server. See bench/README.md."""
 
