@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from .guard import GuardTable
     from .guide import RequestGuide
 
 
@@ -39,7 +40,9 @@ class BitmaskFiller:
 
     Below ``batch_threshold`` rows a plain loop over the matchers is used (xgrammar's
     batch call starts a thread pool per call, which costs more than small batches
-    gain); the loop also learns which rows restrict nothing and skips them.
+    gain); the loop also learns which rows restrict nothing and skips them. Then
+    ``guard`` (`guard.py`) combines each row of a `GuardedMatcher` with the mask of
+    its state, for all rows at once.
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class BitmaskFiller:
         num_buffers: int = 1,
         batch_threshold: int = 64,
         max_threads: int = 2,
+        guard: GuardTable | None = None,
     ) -> None:
         import xgrammar as xgr
 
@@ -64,6 +68,10 @@ class BitmaskFiller:
         self._next = 0
         self.batch_threshold = batch_threshold
         self._batch = xgr.BatchGrammarMatcher(max_threads=max_threads)
+        self._fill_one = xgr.GrammarMatcher.fill_next_token_bitmask  # unguarded: see fill
+        #: set once the engine's guard table is built (the manager waits for it before
+        #: any guarded matcher exists)
+        self.guard = guard
 
     def fill(self, rows: Sequence[int], guides: Sequence[RequestGuide]) -> FilledMask:
         """Fill ``rows`` from ``guides`` (same order; each with an active grammar)."""
@@ -72,19 +80,25 @@ class BitmaskFiller:
         buf, view = self.buffers[k], self._views[k]
         if not rows:
             return FilledMask(buf, np.empty(0, dtype=np.int64))
+        matchers = [g.matcher for g in guides]
         if len(rows) >= self.batch_threshold:
-            matchers = [g.matcher for g in guides]
             self._batch.batch_fill_next_token_bitmask(matchers, buf, list(rows))
-            active = list(rows)
+            active = np.asarray(rows, dtype=np.int64)
         else:
-            active = [
-                r
-                for r, g in zip(rows, guides, strict=True)
-                if g.matcher.fill_next_token_bitmask(buf, r)
-            ]
+            fill = self._fill_one
+            active = np.fromiter(
+                (r for r, m in zip(rows, matchers, strict=True) if fill(m, buf, r)), np.int64
+            )
+        if self.guard is not None:
+            states = np.fromiter(
+                (getattr(m, "guard_state", -1) for m in matchers), np.int64, len(matchers)
+            )
+            changed = self.guard.apply(view, np.asarray(rows, dtype=np.int64), states)
+            if len(changed) and len(active) < len(rows):
+                active = np.union1d(active, changed)
         for r, g in zip(rows, guides, strict=True):
             extra = g.extra_allowed()
             if extra:
                 ids = np.asarray(extra, dtype=np.int64)
                 np.bitwise_or.at(view[r], ids >> 5, np.left_shift(1, ids & 31).astype(np.uint32))
-        return FilledMask(buf, np.asarray(active, dtype=np.int64))
+        return FilledMask(buf, active)

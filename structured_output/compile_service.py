@@ -290,6 +290,8 @@ class CompileService:
     def _dispatch(self) -> None:
         import xgrammar as xgr
 
+        from .guard import GuardedGrammar
+
         worker: _Worker | None = None
         try:
             while True:
@@ -330,8 +332,9 @@ class CompileService:
                     self._finish(job, None, reply.error)
                 else:
                     try:
-                        grammar = xgr.CompiledGrammar.deserialize_json(
-                            reply.grammar_json, self._info
+                        grammar = GuardedGrammar.wrap(
+                            xgr.CompiledGrammar.deserialize_json(reply.grammar_json, self._info),
+                            reply.json_text,
                         )
                     except (RuntimeError, ValueError) as e:
                         self._finish(job, None, f"compiled grammar could not be loaded: {e}")

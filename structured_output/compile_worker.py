@@ -25,7 +25,7 @@ class WorkerInit(msgspec.Struct, array_like=True):
     vocab_rows: int
     stop_token_ids: list[int]
     special_tokens: dict[str, int]
-    max_whitespace: int
+    max_whitespace: int | None
     max_spec_bytes: int
     memory_limit_bytes: int = 0
     #: the largest compiled grammar sent back, in bytes of its serialized form (0: any)
@@ -43,6 +43,8 @@ class CompileReply(msgspec.Struct, array_like=True):
     ok: bool
     grammar_json: str = ""
     error: str = ""
+    #: the grammar writes JSON text only (`whitespace.json_text`)
+    json_text: bool = False
 
 
 def write_frame(stream: BinaryIO, data: bytes) -> None:
@@ -92,7 +94,7 @@ def main() -> int:
 
     import xgrammar as xgr
 
-    from .specs import CompileOptions, GrammarError, GrammarSpec, compile_spec
+    from .specs import CompileOptions, GrammarError, GrammarSpec, compile_constraint
     from .vocab import build_tokenizer_info
 
     specials = init.special_tokens
@@ -107,7 +109,7 @@ def main() -> int:
     while (raw := read_frame(stdin)) is not None:
         job = dec.decode(raw)
         try:
-            compiled = compile_spec(
+            compiled, json_text = compile_constraint(
                 compiler, GrammarSpec.of(job.kind, job.value), options, specials
             )
             text = compiled.serialize_json()
@@ -122,7 +124,7 @@ def main() -> int:
                     ),
                 )
             else:
-                reply = CompileReply(job.job_id, True, grammar_json=text)
+                reply = CompileReply(job.job_id, True, grammar_json=text, json_text=json_text)
             del compiled, text
         except GrammarError as e:
             reply = CompileReply(job.job_id, False, error=str(e))

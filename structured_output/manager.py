@@ -4,17 +4,19 @@ kwargs, request guides, and the bitmask filler."""
 from __future__ import annotations
 
 import json
+import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reasoning import ReasoningError, ReasoningParser, create_reasoning_parser
 
 from .bitmask import BitmaskFiller, FilledMask
 from .compile_service import CompileService
+from .guard import GuardedMatcher, GuardTable
 from .guide import RequestGuide, SeparatorTable
 from .specs import CompileOptions, GrammarSpec
 from .vocab import tokenizer_info_for
@@ -24,10 +26,14 @@ if TYPE_CHECKING:
 
     from tokenization import Tokenizer
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutputConfig:
-    max_whitespace: int = 16
+    #: the longest whitespace run between JSON elements (None: unbounded), for every
+    #: constraint (see `guard.py`)
+    max_whitespace: int | None = 16
     max_spec_bytes: int = 1 << 20
     compile_workers: int = 2
     compile_timeout_s: float = 10.0
@@ -71,6 +77,15 @@ class StructuredOutputManager:
             cache_bytes=config.cache_bytes,
             worker_memory_bytes=config.worker_memory_bytes,
             max_compiled_bytes=config.max_compiled_bytes,
+        )
+        self._guard: Future[GuardTable] = _in_background(
+            "thinkgate-guard",
+            lambda: GuardTable(
+                tokenizer.all_token_bytes,
+                tokenizer.vocab_rows,
+                special_ids=tokenizer.special_ids,
+                limit=config.max_whitespace,
+            ),
         )
         self.filler = BitmaskFiller(
             max_num_seqs,
@@ -122,15 +137,16 @@ class StructuredOutputManager:
     ) -> RequestGuide | None:
         """The guide of one request, or None when it needs none (no grammar, and no
         reasoning to track)."""
-        import xgrammar as xgr
-
         parser = self.parser_for(reasoning_kwargs) if reasoning_ended is not None else None
         tracker = parser.tracker(prompt_token_ids, reasoning_ended) if parser is not None else None
-        matcher = (
-            xgr.GrammarMatcher(grammar, override_stop_tokens=list(stop_token_ids))
-            if grammar is not None
-            else None
-        )
+        matcher = None
+        if grammar is not None:
+            matcher = GuardedMatcher(
+                grammar,
+                self.guard,
+                json_text=getattr(grammar, "json_text", False),
+                override_stop_tokens=stop_token_ids,
+            )
         if tracker is None and matcher is None:
             return None
         separator = None
@@ -154,6 +170,15 @@ class StructuredOutputManager:
         return guide
 
     @property
+    def guard(self) -> GuardTable:
+        """The guard table (`guard.py`), built in the background at start-up; the first
+        request with a grammar waits for it."""
+        table = self._guard.result()
+        if self.filler.guard is None:
+            self.filler.guard = table
+        return table
+
+    @property
     def num_guides(self) -> int:
         """Guides still alive (anything still holding one keeps it counted)."""
         return len(self._guides)
@@ -171,3 +196,17 @@ class StructuredOutputManager:
 
     def close(self) -> None:
         self.compiler.close()
+
+
+def _in_background(name: str, build: Callable[[], T]) -> Future[T]:
+    """``build()`` on a daemon thread; its result, or the error it raised, in a future."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(build())
+        except BaseException as e:  # handed to whoever waits for the result
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future

@@ -1,0 +1,405 @@
+"""Two rules every constrained output keeps beyond its grammar, enforced at fill time.
+
+1. **Whitespace runs are bounded.** No run of more than ``limit`` whitespace characters
+   (space, tab, newline, carriage return) between the elements of constrained JSON.
+   What counts is *structural* whitespace: whitespace outside JSON strings. Spaces
+   inside a string are content (a code argument's indentation, an aligned table) and
+   are never cut; a model that loops inside a string is stopped by ``max_tokens``, as
+   any other string would be. This is the rule xgrammar's ``max_whitespace_cnt`` keeps,
+   but the grammar does not carry it: a grammar with a bounded whitespace repetition at
+   every gap of a JSON value makes each fill 2-3 times costlier than one with xgrammar's
+   unbounded whitespace. So JSON is compiled unbounded, and the bound is a mask.
+2. **The output is valid UTF-8.** xgrammar's character classes admit the UTF-8
+   encodings of the surrogates U+D800-U+DFFF (bytes ``ED A0..BF ..``), which no strict
+   decoder accepts; a byte-level vocabulary reaches them by writing ``ED`` at the end of
+   one token and ``A0..BF`` at the start of the next. After a token that ends with
+   ``ED``, tokens that begin with ``A0..BF`` are masked. (No real vocabulary has a token
+   holding ``ED A0..BF`` inside it; one that does is masked always.) xgrammar refuses
+   every other ill-formed sequence (overlong forms, stray continuation bytes, code
+   points past U+10FFFF) by itself.
+
+Each matcher carries a small state (`GuardedMatcher.guard_state`): where the text it
+has accepted stands lexically (outside a JSON string, inside one, just after a
+backslash in one, or raw text that is not lexed), the length of the whitespace run it
+ends with, and whether its last byte is ``ED``. Accepting a token updates it with one
+lookup in a per-token table. A fill then combines each row with the precomputed mask
+of its state, vectorized over the batch: most states ban only the few tokens that hold
+a whitespace run longer than ``limit`` (about 120 of Qwen3's 151,669), a few dozen
+words per row; only a row whose run already reached the limit gets a whole-row mask.
+
+JSON lexing is exact only where the constraint's text outside its JSON values is JSON
+too (markers and literals with balanced quotes): JSON schemas, JSON objects, and
+structural tags made of JSON values, literals and tokens. Other constraints are
+matched as raw text (rule 2 only); a structural tag with free text in it (XML-style
+parameters, Python literals) keeps the bound in its grammar instead
+(`whitespace.bound_in_grammar`).
+
+A whitespace run the grammar itself requires (a literal newline after ``limit``
+spaces) is let through: a row whose mask would allow nothing keeps the grammar's mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+import xgrammar as xgr
+
+#: lexical states of the accepted text
+OUT, STR, ESC, RAW = 0, 1, 2, 3
+_STATES = 4
+_WS = frozenset(b" \t\n\r")
+_WS_ARRAY = np.frombuffer(b" \t\n\r", dtype=np.uint8)
+_LEAD_ED = 0xED
+
+
+class GuardTable:
+    """Per-token transitions and per-state masks of one vocabulary and one ``limit``
+    (None: whitespace unbounded, UTF-8 guarded only).
+
+    A state is ``q = ((lex * K + run) << 1) | after_ed`` with ``K = limit + 1``."""
+
+    def __init__(
+        self,
+        token_bytes: Sequence[bytes],
+        vocab_rows: int,
+        *,
+        special_ids: Collection[int] = (),
+        limit: int | None,
+    ) -> None:
+        if limit is not None and limit < 0:
+            raise ValueError("the whitespace limit must be >= 0 (None: no limit)")
+        self.limit = limit
+        self.vocab_rows = vocab_rows
+        self.words = (vocab_rows + 31) // 32
+        self.k = (limit if limit is not None else 0) + 1
+        tb = [b""] * vocab_rows
+        specials = set(special_ids)
+        for i, b in enumerate(token_bytes[:vocab_rows]):
+            if i not in specials:  # a special token is one marker: no bytes to lex
+                tb[i] = b
+        lex = _lex_tokens(tb)
+        cap = self.k - 1
+        codes = []
+        for s in range(_STATES):
+            nxt, trail, pure, length = lex["next"][s], lex["trail"][s], lex["pure"][s], lex["len"]
+            code = ((nxt * self.k + np.minimum(trail, cap)) << 1) | lex["ends_ed"]
+            codes.append(np.where(pure, -length, code).tolist())
+        #: per lexical state, per token: the next state, or ``-n`` for a token of ``n``
+        #: whitespace characters outside strings (the run grows by ``n``)
+        self.codes: list[list[int]] = codes
+        self.cap = cap
+        self.start_json = 0
+        self.start_raw = (RAW * self.k) << 1
+        self._build_masks(lex)
+
+    # ----- per token, in Python (one call per accepted token) -------------------
+
+    def advance(self, q: int, token_id: int) -> int:
+        c = self.codes[(q >> 1) // self.k][token_id]
+        return c if c >= 0 else min((q >> 1) - c, self.cap) << 1
+
+    def advance_bytes(self, q: int, data: bytes) -> int:
+        """The state after ``data`` (a string the matcher accepted; rare)."""
+        if not data:
+            return q
+        lex, run = divmod(q >> 1, self.k)
+        for byte in data:
+            if lex == OUT:
+                if byte in _WS:
+                    run = min(run + 1, self.cap)
+                    continue
+                run = 0
+                if byte == 0x22:
+                    lex = STR
+            elif lex == STR:
+                lex = OUT if byte == 0x22 else ESC if byte == 0x5C else STR
+            elif lex == ESC:
+                lex = STR
+        return ((lex * self.k + run) << 1) | (data[-1] == _LEAD_ED)
+
+    # ----- masks -------------------------------------------------------------------
+
+    def _build_masks(self, lex: dict[str, Any]) -> None:
+        limit = self.limit
+        first = lex["first"]
+        starts_hi = (first >= 0xA0) & (first <= 0xBF)
+        surrogate = lex["surrogate"]  # never in a real vocabulary
+        #: every byte is a token: a banned token's first byte is then always allowed
+        #: unless the run is at the limit, so only such rows can end up empty
+        complete = lex["single_bytes"] == 256
+        num_states = _STATES * self.k * 2
+        self.needs = np.zeros(num_states, dtype=bool)
+        self.dense = np.zeros(num_states, dtype=bool)
+        full: list[np.ndarray] = []
+        full_index = np.full(num_states, -1, dtype=np.int64)
+        sparse_words: list[np.ndarray] = []
+        sparse_vals: list[np.ndarray] = []
+        offsets = np.zeros(num_states, dtype=np.int64)
+        lengths = np.zeros(num_states, dtype=np.int64)
+        seen: dict[bytes, int] = {}
+        at = 0
+        for q in range(num_states):
+            s, run = divmod(q >> 1, self.k)
+            if (s != OUT or q & 1) and run > 0:
+                continue  # unreachable: a run is counted outside strings only
+            ok = ~surrogate
+            if q & 1:
+                ok = ok & ~starts_hi
+            if limit is not None and s in (OUT, STR, ESC):
+                ok = ok & (lex["inner"][s] <= limit)
+                if s == OUT:
+                    ok = ok & (lex["lead"][OUT] <= limit - run)
+            if ok.all():
+                continue
+            words = _pack(ok, self.words)
+            self.needs[q] = True
+            changed = np.flatnonzero(words != np.uint32(0xFFFFFFFF))
+            empty_possible = not complete or (s == OUT and limit is not None and run >= limit)
+            if empty_possible or len(changed) > self.words // 4:
+                self.dense[q] = True
+                key = words.tobytes()
+                if key not in seen:
+                    seen[key] = len(full)
+                    full.append(words)
+                full_index[q] = seen[key]
+            else:
+                sparse_words.append(changed)
+                sparse_vals.append(words[changed])
+                offsets[q], lengths[q] = at, len(changed)
+                at += len(changed)
+        self._full = np.stack(full) if full else np.zeros((0, self.words), np.uint32)
+        self._full_index = full_index
+        self._words = np.concatenate(sparse_words) if sparse_words else np.zeros(0, np.int64)
+        self._vals = np.concatenate(sparse_vals) if sparse_vals else np.zeros(0, np.uint32)
+        self._offsets, self._lengths = offsets, lengths
+
+    def allowed(self, q: int) -> np.ndarray:
+        """The mask of state ``q`` as uint32 words (tests and single rows)."""
+        if not self.needs[q]:
+            return np.full(self.words, 0xFFFFFFFF, dtype=np.uint32)
+        if self.dense[q]:
+            return self._full[self._full_index[q]].copy()
+        words = np.full(self.words, 0xFFFFFFFF, dtype=np.uint32)
+        o, k = self._offsets[q], self._lengths[q]
+        words[self._words[o : o + k]] = self._vals[o : o + k]
+        return words
+
+    def apply(self, view: np.ndarray, rows: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """AND each of ``rows`` of ``view`` (uint32 ``[R, W]``) with the mask of its
+        state (``states``, same length; a negative state: no guard). A row that would
+        allow nothing keeps its grammar's mask. Returns the rows it changed."""
+        if len(rows) == 0:
+            return rows
+        live = states >= 0
+        q = np.where(live, states, 0)
+        hit = live & self.needs[q]
+        if not hit.any():
+            return rows[:0]
+        rows, q = rows[hit], q[hit]
+        dense = self.dense[q]
+        if dense.any():
+            r = rows[dense]
+            sub = view[r] & self._full[self._full_index[q[dense]]]
+            keep = sub.any(axis=1)
+            view[r[keep]] = sub[keep]
+        sparse = ~dense
+        if sparse.any():
+            r, qs = rows[sparse], q[sparse]
+            counts = self._lengths[qs]
+            total = int(counts.sum())
+            starts = np.repeat(self._offsets[qs] - np.cumsum(counts) + counts, counts)
+            idx = starts + np.arange(total)
+            rr, ww = np.repeat(r, counts), self._words[idx]
+            view[rr, ww] &= self._vals[idx]
+        return rows
+
+
+class GuardedGrammar(xgr.CompiledGrammar):
+    """A compiled grammar that knows whether its text is JSON text (`whitespace.py`):
+    a matcher of it lexes its output as JSON (whitespace bounded and UTF-8 guarded) or
+    as raw text (UTF-8 guarded only)."""
+
+    json_text: bool
+
+    @classmethod
+    def wrap(cls, grammar: xgr.CompiledGrammar, json_text: bool) -> GuardedGrammar:
+        g = cls._create_from_handle(grammar._handle)
+        assert isinstance(g, GuardedGrammar)
+        g.json_text = json_text
+        return g
+
+
+class GuardedMatcher(xgr.GrammarMatcher):
+    """A `xgrammar.GrammarMatcher` that keeps its guard state (`GuardTable`) through
+    every accept and rollback. Its own ``fill_next_token_bitmask`` applies the guard
+    to the row it fills; `bitmask.BitmaskFiller` fills many rows and applies the guard
+    to all of them at once."""
+
+    def __init__(
+        self,
+        compiled_grammar: xgr.CompiledGrammar,
+        guard: GuardTable,
+        *,
+        json_text: bool,
+        override_stop_tokens: Sequence[int] | None = None,
+    ) -> None:
+        stops = None if override_stop_tokens is None else list(override_stop_tokens)
+        super().__init__(compiled_grammar, override_stop_tokens=stops)
+        self.guard = guard
+        self._h = self._handle
+        self._codes = guard.codes
+        self._k = guard.k
+        self._cap = guard.cap
+        self._start = guard.start_json if json_text else guard.start_raw
+        #: see `GuardTable`
+        self.guard_state = self._start
+        self._history: list[int] = []
+
+    def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
+        if not self._h.accept_token(token_id, debug_print):
+            return False
+        q = self.guard_state
+        self._history.append(q)
+        c = self._codes[(q >> 1) // self._k][token_id]
+        self.guard_state = c if c >= 0 else min((q >> 1) - c, self._cap) << 1
+        return True
+
+    def accept_string(self, input_str: str | bytes, *, debug_print: bool = False) -> bool:
+        if not self._h.accept_string(input_str, debug_print):
+            return False
+        data = input_str.encode("utf-8") if isinstance(input_str, str) else bytes(input_str)
+        self._history.append(self.guard_state)
+        self.guard_state = self.guard.advance_bytes(self.guard_state, data)
+        return True
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        self._h.rollback(num_tokens)
+        if num_tokens > 0:
+            self.guard_state = self._history[-num_tokens]
+            del self._history[-num_tokens:]
+
+    def reset(self) -> None:
+        self._h.reset()
+        self.guard_state = self._start
+        self._history.clear()
+
+    def fill_next_token_bitmask(
+        self, bitmask: Any, index: int = 0, *, debug_print: bool = False
+    ) -> bool:
+        restricts = super().fill_next_token_bitmask(bitmask, index, debug_print=debug_print)
+        view = (bitmask.numpy() if hasattr(bitmask, "numpy") else np.asarray(bitmask)).view(
+            np.uint32
+        )
+        if view.ndim == 1:
+            view = view.reshape(1, -1)
+        changed = self.guard.apply(
+            view, np.array([index], dtype=np.int64), np.array([self.guard_state])
+        )
+        return restricts or len(changed) > 0
+
+
+# ----- building the tables -------------------------------------------------------------
+
+
+def _pack(flags: np.ndarray, words: int) -> np.ndarray:
+    padded = np.ones(words * 32, dtype=bool)
+    padded[: flags.size] = flags
+    return np.packbits(padded, bitorder="little").view(np.uint32)
+
+
+def _lex_tokens(tb: list[bytes]) -> dict[str, Any]:
+    """Per lexical start state and token: the end state (``next``), the whitespace run
+    outside strings at the token's start (``lead``; the whole length for ``pure``
+    tokens, which are whitespace only), the longest other such run (``inner``, the
+    trailing one included), the run it ends with (``trail``), and ``len``.
+
+    Tokens without a quote or a backslash (all but about 1%) never change the lexical
+    state (but for the escaped byte after a backslash), so their runs are found with
+    array operations over all their bytes at once; the others are lexed one by one."""
+    n = len(tb)
+    lengths = np.fromiter((len(b) for b in tb), np.int64, n)
+    flat = np.frombuffer(b"".join(tb), dtype=np.uint8)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    owner = np.repeat(np.arange(n), lengths)
+    is_ws = np.isin(flat, _WS_ARRAY)
+    pos = np.arange(len(flat))
+    run_start = is_ws & ((pos == starts[owner]) | ~np.concatenate(([False], is_ws[:-1])))
+    run_end = is_ws & ((pos == ends[owner] - 1) | ~np.concatenate((is_ws[1:], [False])))
+    rs, re_ = np.flatnonzero(run_start), np.flatnonzero(run_end)
+    run_len = re_ - rs + 1
+    run_tok = owner[rs]
+    at_start = rs == starts[run_tok]
+    at_end = re_ == ends[run_tok] - 1
+    lead = np.zeros(n, np.int64)
+    lead[run_tok[at_start]] = run_len[at_start]
+    trail = np.zeros(n, np.int64)
+    trail[run_tok[at_end]] = run_len[at_end]
+    inner = np.zeros(n, np.int64)
+    np.maximum.at(inner, run_tok[~at_start], run_len[~at_start])
+    pure = (lead == lengths) & (lengths > 0)
+    inner[pure] = 0
+    trail[pure] = lengths[pure]
+
+    nonempty = lengths > 0
+    first = np.zeros(n, np.int64)
+    first[nonempty] = flat[starts[nonempty]]
+    last = np.zeros(n, np.int64)
+    last[nonempty] = flat[ends[nonempty] - 1]
+    pair = (flat[:-1] == _LEAD_ED) & (flat[1:] >= 0xA0) & (flat[1:] <= 0xBF)
+    pair &= owner[:-1] == owner[1:]
+    surrogate = np.zeros(n, bool)
+    surrogate[owner[:-1][pair]] = True
+    quoting = np.zeros(n, bool)
+    quoting[owner[(flat == 0x22) | (flat == 0x5C)]] = True
+    zeros = np.zeros(n, np.int64)
+    out: dict[str, Any] = {
+        "len": lengths,
+        "first": first,
+        "ends_ed": (last == _LEAD_ED).astype(np.int64),
+        "surrogate": surrogate,
+        "single_bytes": len(np.unique(first[lengths == 1])),
+        "next": [np.full(n, s, np.int64) for s in range(_STATES)],
+        "lead": [lead, zeros.copy(), zeros.copy(), zeros.copy()],
+        "inner": [inner, zeros.copy(), zeros.copy(), zeros.copy()],
+        "trail": [trail, zeros.copy(), zeros.copy(), zeros.copy()],
+        "pure": [pure, np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)],
+    }
+    out["next"][ESC][nonempty] = STR
+    for t in np.flatnonzero(quoting).tolist():
+        for s in (OUT, STR, ESC):
+            nxt, ld, inn, tr, pu = _lex_one(tb[t], s)
+            out["next"][s][t] = nxt
+            out["lead"][s][t] = ld
+            out["inner"][s][t] = inn
+            out["trail"][s][t] = tr
+            out["pure"][s][t] = pu
+    return out
+
+
+def _lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool]:
+    """``(next, lead, inner, trail, pure)`` of token ``b`` from state ``s``."""
+    run = 0
+    first = s == OUT
+    lead = inner = 0
+    for byte in b:
+        if s == OUT:
+            if byte in _WS:
+                run += 1
+                continue
+            if first:
+                lead = run
+            else:
+                inner = max(inner, run)
+            run = 0
+            first = False
+            if byte == 0x22:
+                s = STR
+        else:
+            first = False
+            s = OUT if (s == STR and byte == 0x22) else ESC if (s == STR and byte == 0x5C) else STR
+    if first:  # whitespace only, from OUT
+        return s, run, 0, run, run > 0
+    return s, lead, max(inner, run), run, False
