@@ -80,6 +80,18 @@ def parser() -> argparse.ArgumentParser:
     )
     _common(p, iters=40, warmup=5)
     _pairs(p)
+    p.add_argument(
+        "--peer-python",
+        metavar="PATH",
+        help="side by side with vLLM's grammar_bitmask instead: the python of a venv that "
+        "holds vLLM (bench/README.md); qwen3, four JSON schemas, interleaved rounds",
+    )
+    p.add_argument(
+        "--peer-tokenizer",
+        metavar="DIR",
+        help="the peer's Qwen3 tokenizer folder (default: qwen3-tokenizer beside its venv)",
+    )
+    p.add_argument("--rounds", type=int, default=5, help="with --peer-python: rounds (default 5)")
     p = sub.add_parser(
         "apply",
         help="apply + sample per step: engine vs apply_token_bitmask_inplace "
@@ -162,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         print(e2e.table(records))
         if args.plot:
             e2e.plot(records, args.plot)
+    elif args.bench == "fill" and args.peer_python:
+        from .peer import run, table
+
+        records = run(args)
+        print(table(records))
     else:
         if args.bench == "fill":
             from .fill import run, table

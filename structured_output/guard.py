@@ -52,6 +52,8 @@ _STATES = 4
 _WS = frozenset(b" \t\n\r")
 _WS_ARRAY = np.frombuffer(b" \t\n\r", dtype=np.uint8)
 _LEAD_ED = 0xED
+#: up to this many rows, `GuardTable.apply` goes row by row
+_FEW = 8
 
 
 class GuardTable:
@@ -174,6 +176,10 @@ class GuardTable:
         self._words = np.concatenate(sparse_words) if sparse_words else np.zeros(0, np.int64)
         self._vals = np.concatenate(sparse_vals) if sparse_vals else np.zeros(0, np.uint32)
         self._offsets, self._lengths = offsets, lengths
+        self._needs_from_minus_one = np.concatenate(([False], self.needs))  # -1: no guard
+        self._needs_list = self.needs.tolist()
+        self._dense_list = self.dense.tolist()
+        self._offsets_list, self._lengths_list = offsets.tolist(), lengths.tolist()
 
     def allowed(self, q: int) -> np.ndarray:
         """The mask of state ``q`` as uint32 words (tests and single rows)."""
@@ -187,33 +193,56 @@ class GuardTable:
         return words
 
     def apply(self, view: np.ndarray, rows: np.ndarray, states: np.ndarray) -> np.ndarray:
-        """AND each of ``rows`` of ``view`` (uint32 ``[R, W]``) with the mask of its
-        state (``states``, same length; a negative state: no guard). A row that would
-        allow nothing keeps its grammar's mask. Returns the rows it changed."""
-        if len(rows) == 0:
-            return rows
-        live = states >= 0
-        q = np.where(live, states, 0)
-        hit = live & self.needs[q]
-        if not hit.any():
+        """AND each of ``rows`` of ``view`` (uint32 ``[R, W]``, C-contiguous) with the
+        mask of its state (``states``, same length; -1: no guard). A row that would
+        allow nothing keeps its grammar's mask. Returns the rows it changed.
+
+        A few rows go one by one (a handful of numpy calls each); more go through one
+        vectorized pass (a fixed two dozen numpy calls, then work proportional to the
+        mask words the rows' states touch: about 120 words for most states)."""
+        if len(rows) <= _FEW:
+            return self._apply_few(view, rows, states)
+        hit = np.flatnonzero(self._needs_from_minus_one[states + 1])
+        if len(hit) == 0:
             return rows[:0]
-        rows, q = rows[hit], q[hit]
+        rows, q = rows[hit], states[hit]
         dense = self.dense[q]
-        if dense.any():
+        n_dense = int(np.count_nonzero(dense))
+        if n_dense:
             r = rows[dense]
             sub = view[r] & self._full[self._full_index[q[dense]]]
             keep = sub.any(axis=1)
             view[r[keep]] = sub[keep]
-        sparse = ~dense
-        if sparse.any():
-            r, qs = rows[sparse], q[sparse]
-            counts = self._lengths[qs]
-            total = int(counts.sum())
-            starts = np.repeat(self._offsets[qs] - np.cumsum(counts) + counts, counts)
-            idx = starts + np.arange(total)
-            rr, ww = np.repeat(r, counts), self._words[idx]
-            view[rr, ww] &= self._vals[idx]
+        if n_dense < len(q):
+            if n_dense:
+                sparse = ~dense
+                r, q = rows[sparse], q[sparse]
+            else:
+                r = rows
+            counts = self._lengths[q]
+            ends = np.cumsum(counts)
+            idx = np.repeat(self._offsets[q] - ends + counts, counts) + np.arange(int(ends[-1]))
+            flat = view.reshape(-1)
+            at = np.repeat(r * view.shape[1], counts) + self._words[idx]
+            flat[at] &= self._vals[idx]
         return rows
+
+    def _apply_few(self, view: np.ndarray, rows: np.ndarray, states: np.ndarray) -> np.ndarray:
+        changed = []
+        for r, q in zip(rows.tolist(), states.tolist(), strict=True):
+            if q < 0 or not self._needs_list[q]:
+                continue
+            if self._dense_list[q]:
+                sub = view[r] & self._full[self._full_index[q]]
+                if sub.any():
+                    view[r] = sub
+            else:
+                o, k = self._offsets_list[q], self._lengths_list[q]
+                row = view[r]
+                words = self._words[o : o + k]
+                row[words] &= self._vals[o : o + k]
+            changed.append(r)
+        return np.asarray(changed, dtype=np.int64)
 
 
 class GuardedGrammar(xgr.CompiledGrammar):
