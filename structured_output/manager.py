@@ -4,7 +4,9 @@ kwargs, request guides, and the bitmask filler."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from tokenization import Tokenizer
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +70,15 @@ class StructuredOutputManager:
         self._guides: weakref.WeakSet[RequestGuide] = weakref.WeakSet()
         if reasoning_parser is not None:
             self.parser_for(None)  # a parser that cannot serve this vocabulary stops start-up
-        self.tokenizer_info = tokenizer_info_for(tokenizer)
+        # Built in the background (start-up answers its handshake meanwhile); the first
+        # grammar to load, and the first guide, wait for them.
+        self._tokenizer_info = _in_background(
+            "xgrammar TokenizerInfo", lambda: tokenizer_info_for(tokenizer)
+        )
         self.compiler = CompileService(
             tokenizer,
             self.options,
-            self.tokenizer_info,
+            self._tokenizer_info,
             num_workers=config.compile_workers,
             timeout_s=config.compile_timeout_s,
             cache_bytes=config.cache_bytes,
@@ -79,7 +86,7 @@ class StructuredOutputManager:
             max_compiled_bytes=config.max_compiled_bytes,
         )
         self._guard: Future[GuardTable] = _in_background(
-            "thinkgate-guard",
+            "guard table",
             lambda: GuardTable(
                 tokenizer.all_token_bytes,
                 tokenizer.vocab_rows,
@@ -170,6 +177,10 @@ class StructuredOutputManager:
         return guide
 
     @property
+    def tokenizer_info(self) -> xgr.TokenizerInfo:
+        return self._tokenizer_info.result()
+
+    @property
     def guard(self) -> GuardTable:
         """The guard table (`guard.py`), built in the background at start-up; the first
         request with a grammar waits for it."""
@@ -199,14 +210,19 @@ class StructuredOutputManager:
 
 
 def _in_background(name: str, build: Callable[[], T]) -> Future[T]:
-    """``build()`` on a daemon thread; its result, or the error it raised, in a future."""
+    """``build()`` on a daemon thread; its result, or the error it raised, in a future.
+    How long it took is logged."""
     future: Future[T] = Future()
 
     def run() -> None:
+        t0 = time.perf_counter()
         try:
             future.set_result(build())
         except BaseException as e:  # handed to whoever waits for the result
+            log.error("%s failed: %s", name, e)
             future.set_exception(e)
+        else:
+            log.info("%s ready in %.2f s (in the background)", name, time.perf_counter() - t0)
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return future
