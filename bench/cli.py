@@ -1,4 +1,4 @@
-"""``thinkgate bench fill|apply|e2e|latency``: measure the engine's structured-output
+"""``thinkgate bench fill|apply|e2e|latency|startup``: measure the engine's structured-output
 paths side by side with the usual way, and the engine process around the model. See
 bench/README.md."""
 
@@ -141,6 +141,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-sizes", type=_ints, default=[1, 256], help="default 1,256")
     p.add_argument("--seconds", type=float, default=10.0, help="steps counted over (default 10)")
+    p = sub.add_parser(
+        "startup",
+        help="a spawned engine: handshake, first plain and first JSON request; and where "
+        "start-up time goes, phase by phase",
+    )
+    _common(p, iters=3, warmup=0)
     return ap
 
 
@@ -161,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
-    if args.bench == "latency":
+    if args.bench == "startup":
+        from . import startup
+
+        records = startup.run(args)
+        print(startup.table(records))
+    elif args.bench == "latency":
         from . import latency
 
         records = latency.run(args)
