@@ -86,14 +86,11 @@ class BitmaskFiller:
             active = np.asarray(rows, dtype=np.int64)
         else:
             fill = self._fill_one
-            active = np.fromiter(
-                (r for r, m in zip(rows, matchers, strict=True) if fill(m, buf, r)), np.int64
+            active = np.asarray(
+                [r for r, m in zip(rows, matchers, strict=True) if fill(m, buf, r)], np.int64
             )
         if self.guard is not None:
-            states = np.fromiter(
-                (getattr(m, "guard_state", -1) for m in matchers), np.int64, len(matchers)
-            )
-            changed = self.guard.apply(view, np.asarray(rows, dtype=np.int64), states)
+            changed = self.guard.apply(view, rows, matchers)
             if len(changed) and len(active) < len(rows):
                 active = np.union1d(active, changed)
         for r, g in zip(rows, guides, strict=True):

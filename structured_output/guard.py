@@ -192,16 +192,28 @@ class GuardTable:
         words[self._words[o : o + k]] = self._vals[o : o + k]
         return words
 
-    def apply(self, view: np.ndarray, rows: np.ndarray, states: np.ndarray) -> np.ndarray:
+    def apply(self, view: np.ndarray, rows: Sequence[int], matchers: Sequence[Any]) -> np.ndarray:
         """AND each of ``rows`` of ``view`` (uint32 ``[R, W]``, C-contiguous) with the
-        mask of its state (``states``, same length; -1: no guard). A row that would
-        allow nothing keeps its grammar's mask. Returns the rows it changed.
+        mask of the state of its matcher (same order; a matcher that is not a
+        `GuardedMatcher` is left alone). A row that would allow nothing keeps its
+        grammar's mask. Returns the rows it changed.
 
         A few rows go one by one (a handful of numpy calls each); more go through one
         vectorized pass (a fixed two dozen numpy calls, then work proportional to the
         mask words the rows' states touch: about 120 words for most states)."""
         if len(rows) <= _FEW:
-            return self._apply_few(view, rows, states)
+            changed = [
+                r
+                for r, m in zip(rows, matchers, strict=True)
+                if self.apply_one(view, r, getattr(m, "guard_state", -1))
+            ]
+            return np.asarray(changed, dtype=np.int64)
+        states = np.fromiter(
+            (getattr(m, "guard_state", -1) for m in matchers), np.int64, len(matchers)
+        )
+        return self._apply_many(view, np.asarray(rows, dtype=np.int64), states)
+
+    def _apply_many(self, view: np.ndarray, rows: np.ndarray, states: np.ndarray) -> np.ndarray:
         hit = np.flatnonzero(self._needs_from_minus_one[states + 1])
         if len(hit) == 0:
             return rows[:0]
@@ -227,22 +239,19 @@ class GuardTable:
             flat[at] &= self._vals[idx]
         return rows
 
-    def _apply_few(self, view: np.ndarray, rows: np.ndarray, states: np.ndarray) -> np.ndarray:
-        changed = []
-        for r, q in zip(rows.tolist(), states.tolist(), strict=True):
-            if q < 0 or not self._needs_list[q]:
-                continue
-            if self._dense_list[q]:
-                sub = view[r] & self._full[self._full_index[q]]
-                if sub.any():
-                    view[r] = sub
-            else:
-                o, k = self._offsets_list[q], self._lengths_list[q]
-                row = view[r]
-                words = self._words[o : o + k]
-                row[words] &= self._vals[o : o + k]
-            changed.append(r)
-        return np.asarray(changed, dtype=np.int64)
+    def apply_one(self, view: np.ndarray, row: int, q: int) -> bool:
+        """`apply` for one row in state ``q`` (-1: none); whether it changed it."""
+        if q < 0 or not self._needs_list[q]:
+            return False
+        if self._dense_list[q]:
+            sub = view[row] & self._full[self._full_index[q]]
+            if sub.any():
+                view[row] = sub
+        else:
+            o, k = self._offsets_list[q], self._lengths_list[q]
+            words = view[row]
+            words[self._words[o : o + k]] &= self._vals[o : o + k]
+        return True
 
 
 class GuardedGrammar(xgr.CompiledGrammar):
@@ -323,10 +332,7 @@ class GuardedMatcher(xgr.GrammarMatcher):
         )
         if view.ndim == 1:
             view = view.reshape(1, -1)
-        changed = self.guard.apply(
-            view, np.array([index], dtype=np.int64), np.array([self.guard_state])
-        )
-        return restricts or len(changed) > 0
+        return self.guard.apply_one(view, index, self.guard_state) or restricts
 
 
 # ----- building the tables -------------------------------------------------------------
