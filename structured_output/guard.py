@@ -16,16 +16,20 @@
    ``ED``, tokens that begin with ``A0..BF`` are masked. (No real vocabulary has a token
    holding ``ED A0..BF`` inside it; one that does is masked always.) xgrammar refuses
    every other ill-formed sequence (overlong forms, stray continuation bytes, code
-   points past U+10FFFF) by itself.
+   points past U+10FFFF) by itself. In JSON text, the same holds for escapes: a
+   ``\\u`` escape of a surrogate must be a high one followed at once by a low one
+   (``\\ud83d\\ude00``); a lone one (which JSON's grammar admits, strict parsers
+   refuse, and no UTF-8 encoder can write back) is masked as it would begin.
 
 Each matcher carries a small state (`GuardedMatcher.guard_state`): where the text it
-has accepted stands lexically (outside a JSON string, inside one, just after a
-backslash in one, or raw text that is not lexed), the length of the whitespace run it
-ends with, and whether its last byte is ``ED``. Accepting a token updates it with one
+has accepted stands lexically (`lexing.py`: outside a JSON string, inside one, in an
+escape, or raw text that is not lexed), the length of the whitespace run it ends
+with, and whether its last byte is ``ED``. Accepting a token updates it with one
 lookup in a per-token table. A fill then combines each row with the precomputed mask
 of its state, vectorized over the batch: most states ban only the few tokens that hold
 a whitespace run longer than ``limit`` (about 120 of Qwen3's 151,669), a few dozen
-words per row; only a row whose run already reached the limit gets a whole-row mask.
+words per row; only a row whose run already reached the limit, or that stands inside
+a ``\\u`` escape, gets a whole-row mask.
 
 JSON lexing is exact only where the constraint's text outside its JSON values is JSON
 too (markers and literals with balanced quotes): JSON schemas, JSON objects, and
@@ -40,18 +44,15 @@ spaces) is let through: a row whose mask would allow nothing keeps the grammar's
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 import xgrammar as xgr
 
-#: lexical states of the accepted text
-OUT, STR, ESC, RAW = 0, 1, 2, 3
-_STATES = 4
-_WS = frozenset(b" \t\n\r")
-_WS_ARRAY = np.frombuffer(b" \t\n\r", dtype=np.uint8)
-_LEAD_ED = 0xED
+from .lexing import INVALID, LEAD_ED, NARROW, NUM_STATES, OUT, RAW, STR, WS, lex_tokens, step
+
 #: up to this many rows, `GuardTable.apply` goes row by row
 _FEW = 8
 
@@ -81,16 +82,16 @@ class GuardTable:
         for i, b in enumerate(token_bytes[:vocab_rows]):
             if i not in specials:  # a special token is one marker: no bytes to lex
                 tb[i] = b
-        lex = _lex_tokens(tb)
+        lex = lex_tokens(tb)
         cap = self.k - 1
         codes = []
-        for s in range(_STATES):
+        for s in range(NUM_STATES):
             nxt, trail, pure, length = lex["next"][s], lex["trail"][s], lex["pure"][s], lex["len"]
             code = ((nxt * self.k + np.minimum(trail, cap)) << 1) | lex["ends_ed"]
-            codes.append(np.where(pure, -length, code).tolist())
+            codes.append(array("l", np.where(pure, -length, code).astype(np.int64).tobytes()))
         #: per lexical state, per token: the next state, or ``-n`` for a token of ``n``
         #: whitespace characters outside strings (the run grows by ``n``)
-        self.codes: list[list[int]] = codes
+        self.codes: list[array[int]] = codes
         self.cap = cap
         self.start_json = 0
         self.start_raw = (RAW * self.k) << 1
@@ -108,18 +109,14 @@ class GuardTable:
             return q
         lex, run = divmod(q >> 1, self.k)
         for byte in data:
-            if lex == OUT:
-                if byte in _WS:
-                    run = min(run + 1, self.cap)
-                    continue
-                run = 0
-                if byte == 0x22:
-                    lex = STR
-            elif lex == STR:
-                lex = OUT if byte == 0x22 else ESC if byte == 0x5C else STR
-            elif lex == ESC:
-                lex = STR
-        return ((lex * self.k + run) << 1) | (data[-1] == _LEAD_ED)
+            if lex == OUT and byte in WS:
+                run = min(run + 1, self.cap)
+                continue
+            run = 0
+            lex = step(lex, byte)
+            if lex == INVALID:
+                lex = STR  # only where the grammar itself required it (see `apply`)
+        return ((lex * self.k + run) << 1) | (data[-1] == LEAD_ED)
 
     # ----- masks -------------------------------------------------------------------
 
@@ -131,7 +128,7 @@ class GuardTable:
         #: every byte is a token: a banned token's first byte is then always allowed
         #: unless the run is at the limit, so only such rows can end up empty
         complete = lex["single_bytes"] == 256
-        num_states = _STATES * self.k * 2
+        num_states = NUM_STATES * self.k * 2
         self.needs = np.zeros(num_states, dtype=bool)
         self.dense = np.zeros(num_states, dtype=bool)
         full: list[np.ndarray] = []
@@ -146,10 +143,10 @@ class GuardTable:
             s, run = divmod(q >> 1, self.k)
             if (s != OUT or q & 1) and run > 0:
                 continue  # unreachable: a run is counted outside strings only
-            ok = ~surrogate
+            ok = ~surrogate & ~lex["invalid"][s]
             if q & 1:
                 ok = ok & ~starts_hi
-            if limit is not None and s in (OUT, STR, ESC):
+            if limit is not None and s != RAW:
                 ok = ok & (lex["inner"][s] <= limit)
                 if s == OUT:
                     ok = ok & (lex["lead"][OUT] <= limit - run)
@@ -158,7 +155,13 @@ class GuardTable:
             words = _pack(ok, self.words)
             self.needs[q] = True
             changed = np.flatnonzero(words != np.uint32(0xFFFFFFFF))
-            empty_possible = not complete or (s == OUT and limit is not None and run >= limit)
+            # A row can end up allowing nothing only where a single byte may be banned:
+            # a grammar that allows a token allows its first byte, a token of its own
+            # (``complete``), which is banned only at the whitespace limit or where a
+            # surrogate escape must go on one way (such rows are rare: whole-row masks)
+            empty_possible = (
+                not complete or (s == OUT and limit is not None and run >= limit) or s in NARROW
+            )
             if empty_possible or len(changed) > self.words // 4:
                 self.dense[q] = True
                 key = words.tobytes()
@@ -342,99 +345,3 @@ def _pack(flags: np.ndarray, words: int) -> np.ndarray:
     padded = np.ones(words * 32, dtype=bool)
     padded[: flags.size] = flags
     return np.packbits(padded, bitorder="little").view(np.uint32)
-
-
-def _lex_tokens(tb: list[bytes]) -> dict[str, Any]:
-    """Per lexical start state and token: the end state (``next``), the whitespace run
-    outside strings at the token's start (``lead``; the whole length for ``pure``
-    tokens, which are whitespace only), the longest other such run (``inner``, the
-    trailing one included), the run it ends with (``trail``), and ``len``.
-
-    Tokens without a quote or a backslash (all but about 1%) never change the lexical
-    state (but for the escaped byte after a backslash), so their runs are found with
-    array operations over all their bytes at once; the others are lexed one by one."""
-    n = len(tb)
-    lengths = np.fromiter((len(b) for b in tb), np.int64, n)
-    flat = np.frombuffer(b"".join(tb), dtype=np.uint8)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    owner = np.repeat(np.arange(n), lengths)
-    is_ws = np.isin(flat, _WS_ARRAY)
-    pos = np.arange(len(flat))
-    run_start = is_ws & ((pos == starts[owner]) | ~np.concatenate(([False], is_ws[:-1])))
-    run_end = is_ws & ((pos == ends[owner] - 1) | ~np.concatenate((is_ws[1:], [False])))
-    rs, re_ = np.flatnonzero(run_start), np.flatnonzero(run_end)
-    run_len = re_ - rs + 1
-    run_tok = owner[rs]
-    at_start = rs == starts[run_tok]
-    at_end = re_ == ends[run_tok] - 1
-    lead = np.zeros(n, np.int64)
-    lead[run_tok[at_start]] = run_len[at_start]
-    trail = np.zeros(n, np.int64)
-    trail[run_tok[at_end]] = run_len[at_end]
-    inner = np.zeros(n, np.int64)
-    np.maximum.at(inner, run_tok[~at_start], run_len[~at_start])
-    pure = (lead == lengths) & (lengths > 0)
-    inner[pure] = 0
-    trail[pure] = lengths[pure]
-
-    nonempty = lengths > 0
-    first = np.zeros(n, np.int64)
-    first[nonempty] = flat[starts[nonempty]]
-    last = np.zeros(n, np.int64)
-    last[nonempty] = flat[ends[nonempty] - 1]
-    pair = (flat[:-1] == _LEAD_ED) & (flat[1:] >= 0xA0) & (flat[1:] <= 0xBF)
-    pair &= owner[:-1] == owner[1:]
-    surrogate = np.zeros(n, bool)
-    surrogate[owner[:-1][pair]] = True
-    quoting = np.zeros(n, bool)
-    quoting[owner[(flat == 0x22) | (flat == 0x5C)]] = True
-    zeros = np.zeros(n, np.int64)
-    out: dict[str, Any] = {
-        "len": lengths,
-        "first": first,
-        "ends_ed": (last == _LEAD_ED).astype(np.int64),
-        "surrogate": surrogate,
-        "single_bytes": len(np.unique(first[lengths == 1])),
-        "next": [np.full(n, s, np.int64) for s in range(_STATES)],
-        "lead": [lead, zeros.copy(), zeros.copy(), zeros.copy()],
-        "inner": [inner, zeros.copy(), zeros.copy(), zeros.copy()],
-        "trail": [trail, zeros.copy(), zeros.copy(), zeros.copy()],
-        "pure": [pure, np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)],
-    }
-    out["next"][ESC][nonempty] = STR
-    for t in np.flatnonzero(quoting).tolist():
-        for s in (OUT, STR, ESC):
-            nxt, ld, inn, tr, pu = _lex_one(tb[t], s)
-            out["next"][s][t] = nxt
-            out["lead"][s][t] = ld
-            out["inner"][s][t] = inn
-            out["trail"][s][t] = tr
-            out["pure"][s][t] = pu
-    return out
-
-
-def _lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool]:
-    """``(next, lead, inner, trail, pure)`` of token ``b`` from state ``s``."""
-    run = 0
-    first = s == OUT
-    lead = inner = 0
-    for byte in b:
-        if s == OUT:
-            if byte in _WS:
-                run += 1
-                continue
-            if first:
-                lead = run
-            else:
-                inner = max(inner, run)
-            run = 0
-            first = False
-            if byte == 0x22:
-                s = STR
-        else:
-            first = False
-            s = OUT if (s == STR and byte == 0x22) else ESC if (s == STR and byte == 0x5C) else STR
-    if first:  # whitespace only, from OUT
-        return s, run, 0, run, run > 0
-    return s, lead, max(inner, run), run, False

@@ -16,41 +16,87 @@ import torch
 import xgrammar as xgr
 
 from bench.states import REQUIRED_SCHEMA, TOOLS, WEATHER
-from structured_output import CompileOptions, GrammarSpec, LocalCompiler
+from structured_output import CompileOptions, GrammarSpec, LocalCompiler, lexing
 from structured_output.bitmask import BitmaskFiller
-from structured_output.guard import OUT, GuardTable
+from structured_output.guard import GuardTable
 from structured_output.guide import RequestGuide
 from structured_output.structural_tags import prepare_structural_tag
 from structured_output.whitespace import bound_in_grammar, json_text
 from tests.support.grammars import hermes_tag
 
 WS = b" \t\n\r"
+HEX_OR_U = {bytes([c]) for c in b"0123456789abcdefABCDEFu"}
 LIMITS = (1, 3, 16)
 
 
-def reference_allows(state: tuple[int, int, bool], token: bytes, limit: int) -> bool:
-    """Whether ``token`` keeps every run of whitespace outside JSON strings at most
-    ``limit`` long and writes no ``ED A0..BF``, from ``state`` = (lexical state: 0
-    outside a string, 1 inside, 2 after a backslash inside, 3 raw; the run so far;
-    whether the last byte was ``ED``)."""
-    lex, run, after_ed = state
-    prev_ed = after_ed
-    for byte in token:
-        if prev_ed and 0xA0 <= byte <= 0xBF:
-            return False
-        prev_ed = byte == 0xED
-        if lex == 0:
-            if byte in WS:
+#: per lexical state of `structured_output.lexing`, a text that leaves a JSON lexer there
+PREFIX = {
+    lexing.OUT: b"",
+    lexing.STR: b'"',
+    lexing.ESC: b'"\\',
+    lexing.U0: b'"\\u',
+    lexing.UD1: b'"\\ud',
+    lexing.UH2: b'"\\ud8',
+    lexing.UH3: b'"\\ud83',
+    lexing.PH: b'"\\ud83d',
+    lexing.PH1: b'"\\ud83d\\',
+    lexing.PH2: b'"\\ud83d\\u',
+    lexing.PH3: b'"\\ud83d\\ud',
+}
+
+
+def reference_allows(data: bytes, limit: int, run: int = 0, raw: bool = False) -> bool | None:
+    """Whether ``data`` (JSON text from its start, cut anywhere; ``raw``: any text)
+    can be a prefix of text in which no run of whitespace outside strings is longer
+    than ``limit`` (``run``: whitespace before ``data``), no ``ED`` byte is followed
+    by ``A0..BF`` and no ``\\u`` escape writes a lone surrogate; None for text with
+    a malformed escape, which no grammar of JSON lets through. Written apart from the
+    guard: escapes are read whole, as code units."""
+    if any(a == 0xED and 0xA0 <= c <= 0xBF for a, c in zip(data, data[1:], strict=False)):
+        return False
+    if raw:
+        return True
+    in_str, i, high = False, 0, False
+    while i < len(data):
+        c = data[i]
+        if not in_str:
+            if c in WS:
                 run += 1
                 if run > limit:
                     return False
-                continue
-            run = 0
-            lex = 1 if byte == 0x22 else 0
-        elif lex == 1:
-            lex = 0 if byte == 0x22 else 2 if byte == 0x5C else 1
-        elif lex == 2:
-            lex = 1
+            else:
+                run, in_str = 0, c == 0x22
+            i += 1
+            continue
+        if c != 0x5C:  # not an escape
+            if high:
+                return False  # a high surrogate followed by anything but its low half
+            in_str = c != 0x22
+            i += 1
+            continue
+        esc = data[i + 1 : i + 6]
+        if esc[:1] != b"u":
+            if high and esc:
+                return False
+            i += 2
+            continue
+        digits = ""
+        for ch in esc[1:].decode("ascii", "replace").lower():
+            if ch not in "0123456789abcdef":
+                break
+            digits += ch
+        if len(digits) < 4:
+            if len(esc) - 1 > len(digits):
+                return None  # a malformed escape: the grammar refuses it, not the guard
+            # cut inside the escape: is some completion fine?
+            if high:
+                return not digits or (digits[0] == "d" and (len(digits) < 2 or digits[1] in "cdef"))
+            return not (digits[:1] == "d" and len(digits) > 1 and digits[1] in "cdef")
+        unit = int(digits, 16)
+        if high != (0xDC00 <= unit <= 0xDFFF):
+            return False
+        high = 0xD800 <= unit <= 0xDBFF
+        i += 6
     return True
 
 
@@ -68,6 +114,14 @@ def compilers(qwen3):
     return {n: LocalCompiler(qwen3, CompileOptions(max_whitespace=n)) for n in (*LIMITS, 4)}
 
 
+@pytest.fixture(scope="module")
+def unbounded(qwen3):
+    """A guard without a whitespace bound: what is refused whatever the bound."""
+    return GuardTable(
+        qwen3.all_token_bytes, qwen3.vocab_rows, special_ids=qwen3.special_ids, limit=None
+    )
+
+
 @pytest.mark.parametrize("limit", LIMITS)
 def test_table_agrees_with_a_byte_lexer(qwen3, compilers, limit):
     """Every token that holds whitespace, a quote, a backslash or a byte of a
@@ -81,40 +135,31 @@ def test_table_agrees_with_a_byte_lexer(qwen3, compilers, limit):
         for t, b in enumerate(tb)
         if t not in qwen3.special_ids
         and b
-        and (any(c in b for c in b'\t\n\r"\\\xed') or b.count(b" ") > 1 or 0xA0 <= b[0] <= 0xBF)
+        and (
+            any(c in b for c in b'\t\n\r"\\\xed')
+            or b.count(b" ") > 1
+            or 0xA0 <= b[0] <= 0xBF
+            or b[:1] in HEX_OR_U
+        )
     ]
     tokens = interesting + rng.sample(range(len(tb)), 3000)
-    states = [((0, run, False)) for run in range(limit + 1)]
-    states += [(0, 0, True), (1, 0, False), (1, 0, True), (2, 0, False), (3, 0, False)]
+    states = [(lexing.OUT, run, False) for run in range(limit + 1)]
+    states += [(lex, 0, False) for lex in PREFIX if lex != lexing.OUT]
+    states += [(lexing.OUT, 0, True), (lexing.STR, 0, True), (lexing.RAW, 0, False)]
     for lex, run, ed in states:
         q = ((lex * table.k + run) << 1) | ed
         words = table.allowed(q)
+        before = PREFIX.get(lex, b"") + (b"\xed" if ed else b"")
         for t in tokens:
-            if t in qwen3.special_ids:
-                continue
             b = tb[t]
-            assert bit(words, t) == reference_allows((lex, run, ed), b, limit), (lex, run, ed, b)
-            if b and bit(words, t):
-                # the next state is the lexer's, with the run capped at the limit
-                nxt = decode_state(table, table.advance(q, t))
-                ref = _reference_next((lex, run, ed), b, limit)
-                assert nxt == ref, (lex, run, ed, b)
-
-
-def _reference_next(state: tuple[int, int, bool], token: bytes, limit: int):
-    lex, run, _ = state
-    for byte in token:
-        if lex == 0:
-            if byte in WS:
-                run += 1
+            if t in qwen3.special_ids or not b:
                 continue
-            run = 0
-            lex = 1 if byte == 0x22 else 0
-        elif lex == 1:
-            lex = 0 if byte == 0x22 else 2 if byte == 0x5C else 1
-        elif lex == 2:
-            lex = 1
-    return lex, (min(run, limit) if lex == 0 else 0), token[-1] == 0xED
+            ok = reference_allows(before + b, limit, run, raw=lex == lexing.RAW)
+            if ok is None:
+                continue
+            assert bit(words, t) == ok, (lex, run, ed, b)
+            if ok:  # the next state: the token's bytes one by one give the same
+                assert table.advance(q, t) == table.advance_bytes(q, b), (lex, run, ed, b)
 
 
 def _strip_bounds(fmt):
@@ -148,10 +193,11 @@ TWIN_SPECS = {
 
 @pytest.mark.parametrize("limit", (1, 16))
 @pytest.mark.parametrize("name", list(TWIN_SPECS))
-def test_guarded_masks_equal_xgrammars_bounded_whitespace(qwen3, compilers, name, limit):
+def test_guarded_masks_equal_xgrammars_bounded_whitespace(qwen3, compilers, unbounded, name, limit):
     """Random walks that favour whitespace: at every step the guarded unbounded grammar
-    allows exactly what xgrammar's grammar with ``max_whitespace_cnt`` allows (but for
-    the continuations of an encoded surrogate, which only the guard refuses)."""
+    allows exactly what xgrammar's grammar with ``max_whitespace_cnt`` allows, but for
+    what only the guard refuses whatever the bound (an encoded surrogate, a lone
+    surrogate escape: the masks of a guard without a bound, in the same state)."""
     lc = compilers[limit]
     spec = TWIN_SPECS[name]
     guarded = lc.compile(spec)
@@ -159,7 +205,6 @@ def test_guarded_masks_equal_xgrammars_bounded_whitespace(qwen3, compilers, name
     twin = _bounded_twin(lc, spec, limit)
     tb = qwen3.all_token_bytes
     blanks = {t for t, b in enumerate(tb) if b and not b.strip(WS) and t not in qwen3.special_ids}
-    hi = np.array([bool(b) and 0xA0 <= b[0] <= 0xBF for b in tb] + [False] * 300)
     stops = list(qwen3.stop_token_ids)
     mask = torch.zeros((2, (qwen3.vocab_rows + 31) // 32), dtype=torch.int32)
     rng = random.Random(hash(name) & 0xFFFF ^ limit)
@@ -172,8 +217,9 @@ def test_guarded_masks_equal_xgrammars_bounded_whitespace(qwen3, compilers, name
             b.fill_next_token_bitmask(mask, 1)
             ours = np.unpackbits(mask[0].numpy().view(np.uint8), bitorder="little")
             theirs = np.unpackbits(mask[1].numpy().view(np.uint8), bitorder="little").astype(bool)
-            if a.guard_state & 1:
-                theirs &= ~hi[: theirs.size]
+            lex = (a.guard_state >> 1) // a.guard.k
+            same = unbounded.allowed((lex << 1) | (a.guard_state & 1))
+            theirs &= np.unpackbits(same.view(np.uint8), bitorder="little").astype(bool)
             assert np.array_equal(ours.astype(bool), theirs), (name, steps)
             allowed = np.flatnonzero(ours[: qwen3.vocab_rows])
             spaced = [t for t in allowed.tolist() if t in blanks]
@@ -304,6 +350,37 @@ def test_no_surrogate_after_a_token_that_ends_with_ed(qwen3, compilers, spec):
     assert not m.guard_state & 1  # a whole character: the guard lets go
 
 
+def test_no_lone_surrogate_escape(qwen3, compilers):
+    """Steered into ``\\ud83d`` (a high surrogate escape): only its low half may follow,
+    so the string cannot close; ``\\udc00`` alone (a low one) cannot be started; a
+    whole pair and an ordinary ``\\ud7ff`` go through."""
+    lc = compilers[16]
+    grammar = lc.compile(GrammarSpec.of("json_schema", '{"type": "string"}'))
+    by_bytes = {b: t for t, b in enumerate(qwen3.all_token_bytes)}
+    quote, backslash, u, d, c, eight = (by_bytes[x] for x in (b'"', b"\\", b"u", b"d", b"c", b"8"))
+
+    def walk(text: bytes):
+        m = lc.matcher(grammar)
+        for ch in text:
+            t = by_bytes[bytes([ch])]
+            assert t in _allowed(qwen3, m), text
+            assert m.accept_token(t)
+        return m
+
+    high = walk(b'"\\ud83d')
+    assert quote not in _allowed(qwen3, high) and backslash in _allowed(qwen3, high)
+    assert xgr.GrammarMatcher(grammar).accept_string(b'"\\ud83d"')  # the grammar alone would
+    m = walk(b'"\\ud83d\\')
+    assert _allowed(qwen3, m) & {u, by_bytes[b"n"]} == {u}
+    m = walk(b'"\\ud83d\\ud')
+    assert c in _allowed(qwen3, m) and eight not in _allowed(qwen3, m)
+    walk(b'"\\ud83d\\ude00\\ud7ff"')
+    m = walk(b'"\\u')
+    assert d in _allowed(qwen3, m)
+    m = walk(b'"\\ud')
+    assert eight in _allowed(qwen3, m) and c not in _allowed(qwen3, m)
+
+
 def test_spaces_inside_strings_are_not_counted(qwen3, compilers):
     lc = compilers[3]
     m = lc.matcher(lc.compile(GrammarSpec.of("json_schema", '{"type": "string"}')))
@@ -371,4 +448,4 @@ def _allowed(tok, matcher) -> set[int]:
 
 def test_states_start_outside_strings(compilers):
     table = compilers[16].guard
-    assert decode_state(table, table.start_json) == (OUT, 0, False)
+    assert decode_state(table, table.start_json) == (lexing.OUT, 0, False)
