@@ -179,6 +179,18 @@ class GuardTable:
         self._words = np.concatenate(sparse_words) if sparse_words else np.zeros(0, np.int64)
         self._vals = np.concatenate(sparse_vals) if sparse_vals else np.zeros(0, np.uint32)
         self._offsets, self._lengths = offsets, lengths
+        # The same, one row per state, padded to the longest: a pad is a word the state
+        # leaves alone, ANDed with all ones (a no-op), so that a batch is one gather
+        longest = int(lengths.max()) if len(lengths) else 0
+        self._pad_words = np.zeros((num_states, max(longest, 1)), dtype=np.int64)
+        self._pad_vals = np.full((num_states, max(longest, 1)), 0xFFFFFFFF, dtype=np.uint32)
+        for q in np.flatnonzero(lengths).tolist():
+            o, k = offsets[q], lengths[q]
+            w = self._words[o : o + k]
+            spare = int(np.flatnonzero(~np.isin(np.arange(k + 1), w))[0])  # not among w
+            self._pad_words[q, :] = spare
+            self._pad_words[q, :k] = w
+            self._pad_vals[q, :k] = self._vals[o : o + k]
         self._needs_from_minus_one = np.concatenate(([False], self.needs))  # -1: no guard
         self._needs_list = self.needs.tolist()
         self._dense_list = self.dense.tolist()
@@ -211,9 +223,12 @@ class GuardTable:
                 if self.apply_one(view, r, getattr(m, "guard_state", -1))
             ]
             return np.asarray(changed, dtype=np.int64)
-        states = np.fromiter(
-            (getattr(m, "guard_state", -1) for m in matchers), np.int64, len(matchers)
-        )
+        try:
+            states = np.array([m.guard_state for m in matchers], dtype=np.int64)
+        except AttributeError:  # some matchers are not guarded
+            states = np.fromiter(
+                (getattr(m, "guard_state", -1) for m in matchers), np.int64, len(matchers)
+            )
         return self._apply_many(view, np.asarray(rows, dtype=np.int64), states)
 
     def _apply_many(self, view: np.ndarray, rows: np.ndarray, states: np.ndarray) -> np.ndarray:
@@ -235,11 +250,16 @@ class GuardTable:
             else:
                 r = rows
             counts = self._lengths[q]
-            ends = np.cumsum(counts)
-            idx = np.repeat(self._offsets[q] - ends + counts, counts) + np.arange(int(ends[-1]))
+            longest, total = int(counts.max()), int(counts.sum())
             flat = view.reshape(-1)
-            at = np.repeat(r * view.shape[1], counts) + self._words[idx]
-            flat[at] &= self._vals[idx]
+            if longest * len(q) <= 2 * total:  # alike: one padded gather
+                at = self._pad_words[q, :longest] + (r * view.shape[1])[:, None]
+                flat[at] &= self._pad_vals[q, :longest]
+            else:  # a few long ones: each row's words, end to end
+                ends = np.cumsum(counts)
+                idx = np.repeat(self._offsets[q] - ends + counts, counts) + np.arange(total)
+                at = np.repeat(r * view.shape[1], counts) + self._words[idx]
+                flat[at] &= self._vals[idx]
         return rows
 
     def apply_one(self, view: np.ndarray, row: int, q: int) -> bool:

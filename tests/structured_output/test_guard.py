@@ -310,6 +310,33 @@ def test_the_filler_guards_every_row_as_a_single_fill_does(qwen3, compilers):
         assert set(filled.rows.tolist()) == set(rows)
 
 
+@pytest.mark.parametrize("mix", ["alike", "some long", "all"])
+def test_every_way_of_applying_gives_the_same_rows(compilers, mix):
+    """Rows in states alike (one padded gather), with a few long ones (words end to
+    end), or of every reachable state: the batch gives each row what `apply_one` does."""
+    table = compilers[16].guard
+    reachable = [q for q in np.flatnonzero(table.needs).tolist()]
+    rng = np.random.default_rng(len(mix))
+    if mix == "alike":
+        states = rng.choice([table.start_json, table.start_json + 2], 48)
+    elif mix == "some long":
+        states = np.where(rng.random(48) < 0.1, 15 << 1, table.start_json)
+    else:
+        states = rng.choice(reachable + [-1], 48)
+    view = rng.integers(0, 1 << 32, (64, table.words), dtype=np.uint64).astype(np.uint32)
+    expected = view.copy()
+    rows = rng.permutation(64)[:48]
+    for r, q in zip(rows.tolist(), states.tolist(), strict=True):
+        table.apply_one(expected, r, q)
+
+    class M:
+        def __init__(self, q: int) -> None:
+            self.guard_state = q
+
+    table.apply(view, rows.tolist(), [M(q) for q in states.tolist()])
+    assert np.array_equal(view, expected)
+
+
 @pytest.mark.parametrize(
     "spec",
     [
