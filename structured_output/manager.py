@@ -207,6 +207,7 @@ class StructuredOutputManager:
 
     def close(self) -> None:
         self.compiler.close()
+        self.filler.close()
 
 
 def _in_background(name: str, build: Callable[[], T]) -> Future[T]:
