@@ -88,7 +88,7 @@ class GuardTable:
         for s in range(NUM_STATES):
             nxt, trail, pure, length = lex["next"][s], lex["trail"][s], lex["pure"][s], lex["len"]
             code = ((nxt * self.k + np.minimum(trail, cap)) << 1) | lex["ends_ed"]
-            codes.append(array("l", np.where(pure, -length, code).astype(np.int64).tobytes()))
+            codes.append(array("i", np.where(pure, -length, code).astype(np.int32).tobytes()))
         #: per lexical state, per token: the next state, or ``-n`` for a token of ``n``
         #: whitespace characters outside strings (the run grows by ``n``)
         self.codes: list[array[int]] = codes
