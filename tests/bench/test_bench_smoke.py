@@ -107,3 +107,15 @@ def test_latency(tmp_path, capsys):
     capsys.readouterr()
     assert summary.main([str(out)]) == 0
     assert "1-token round trip" in capsys.readouterr().out
+
+
+def test_startup(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["startup", "--iters", "1", "--json", str(out)]) == 0
+    records = _records(out)
+    what = [r["method"] for r in records]
+    assert what[:3] == ["handshake", "first plain request done", "first JSON request done"]
+    assert any(w.startswith("phase: compile worker") for w in what)
+    assert all(r["median_us"] > 0 for r in records)
+    assert "handshake" in capsys.readouterr().out
+    assert summary.main([str(out)]) == 0
