@@ -1,6 +1,6 @@
-"""thinkgate bench fill|apply|sample|e2e|latency|http: measure the engine's
+"""thinkgate bench fill|apply|sample|e2e|latency|http|startup: measure the engine's
 structured-output paths side by side with the usual way, the engine process around the
-model, and the HTTP server. See bench/README.md."""
+model, its start-up, and the HTTP server. See bench/README.md."""
 
 from __future__ import annotations
 
@@ -71,10 +71,24 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="thinkgate bench", description=__doc__)
     sub = ap.add_subparsers(dest="bench", required=True)
     p = sub.add_parser(
-        "fill", help="bitmask fill per step: engine vs a per-row loop into a fresh mask"
+        "fill",
+        help="bitmask fill per step: the engine vs xgrammar's default grammars filled by a "
+        "per-row loop into a fresh mask (what a vLLM user runs)",
     )
     _common(p, iters=40, warmup=5)
     _pairs(p)
+    p.add_argument(
+        "--peer-python",
+        metavar="PATH",
+        help="side by side with vLLM's grammar_bitmask instead: the python of a venv that "
+        "holds vLLM (bench/README.md); qwen3, four JSON schemas, interleaved rounds",
+    )
+    p.add_argument(
+        "--peer-tokenizer",
+        metavar="DIR",
+        help="the peer's Qwen3 tokenizer folder (default: qwen3-tokenizer beside its venv)",
+    )
+    p.add_argument("--rounds", type=int, default=5, help="with --peer-python: rounds (default 5)")
     p = sub.add_parser(
         "apply",
         help="apply + sample per step: engine vs apply_token_bitmask_inplace "
@@ -166,6 +180,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stream-tokens", type=int, default=64, help="tokens of each streamed completion"
     )
+    p = sub.add_parser(
+        "startup",
+        help="a spawned engine: handshake, first plain and first JSON request; and where "
+        "start-up time goes, phase by phase",
+    )
+    _common(p, iters=3, warmup=0)
     return ap
 
 
@@ -217,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         print(http_api.table(records))
         if args.plot:
             http_api.plot(records, args.plot)
+    elif args.bench == "startup":
+        from . import startup
+
+        records = startup.run(args)
+        print(startup.table(records))
     elif args.bench == "latency":
         from . import latency
 
@@ -235,13 +260,20 @@ def main(argv: list[str] | None = None) -> int:
         print(e2e.table(records))
         if args.plot:
             e2e.plot(records, args.plot)
+    elif args.bench == "fill" and args.peer_python:
+        from .peer import run, table
+
+        records = run(args)
+        print(table(records))
     else:
         if args.bench == "fill":
-            from .fill import run
+            from .fill import run, table
         else:
             from .apply import run
+
+            table = pair_table
         records = run(args)
-        print(pair_table(records))
+        print(table(records))
         if args.plot:
             pair_plot(
                 records, args.plot, f"bench {args.bench}: per step, {', '.join(args.grammars)}"

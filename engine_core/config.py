@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+#: device nodes of the NVIDIA and AMD drivers (and of WSL's GPU bridge): torch can see
+#: a GPU only where one of them exists
+_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 
 
 @dataclass
@@ -68,6 +73,8 @@ class EngineConfig:
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
+        if not any(os.path.exists(p) for p in _GPU_NODES):
+            return "cpu"  # no driver: known without importing torch (a second or more)
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,7 +19,9 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -51,10 +53,12 @@ from ipc import (
     set_heartbeats,
 )
 from reasoning import load_plugin
-from tokenization import load_tokenizer
+from tokenization import Tokenizer, load_tokenizer
 
 from .config import EngineConfig
-from .engine import EngineCore
+
+if TYPE_CHECKING:
+    from .engine import EngineCore as Core
 
 log = logging.getLogger("thinkgate.engine")
 
@@ -102,8 +106,8 @@ class EngineServer:
             )
         else:
             self.address, self._own_dir = private_ipc_address()
+        t0 = time.perf_counter()
         tokenizer = load_tokenizer(config.resolved_tokenizer(), config.extra_special_tokens)
-        self.core = EngineCore(config, tokenizer)
         self.inbox: queue.SimpleQueue[tuple[bytes, object]] = queue.SimpleQueue()
         self.stopping = threading.Event()
         self._codec_main = Codec()
@@ -111,17 +115,6 @@ class EngineServer:
         self._clients: dict[bytes, float] = {}  # IO thread only: last frame time
         self._pending: list[tuple[bytes, EngineCoreOutput]] = []  # main thread: outputs to send
         self._last_beat = 0.0
-        self.handshake = Handshake(
-            protocol_version=PROTOCOL_VERSION,
-            model=config.model,
-            tokenizer=config.resolved_tokenizer(),
-            vocab_rows=self.core.vocab_rows,
-            reasoning_parser=config.reasoning_parser,
-            max_num_seqs=config.max_num_seqs,
-            engine_pid=os.getpid(),
-            extra_special_tokens=list(config.extra_special_tokens),
-            device=self.core.device,
-        )
         self.pump = SocketPump(
             self._make_socket,
             self._on_frames,
@@ -135,6 +128,51 @@ class EngineServer:
             on_failure=self._on_io_failure,
             tick_s=0.1,
             name="thinkgate-engine-io",
+        )
+        # A model that keeps the tokenizer's rows (not a model directory) lets the
+        # handshake go out before the core is built: the socket answers it (and queues
+        # requests) while torch, xgrammar and the model load.
+        early = not Path(config.model).is_dir()
+        self.core: Core | None = None  # the IO thread answers health checks until it is set
+        self._queued = 0  # requests the IO thread queued before the core was built
+        if early:
+            if threading.current_thread() is threading.main_thread():
+                # clients may send work from now on: a stop while loading ends it cleanly
+                signal.signal(signal.SIGTERM, lambda *_: self.stop())
+                signal.signal(signal.SIGINT, lambda *_: self.stop())
+            self.handshake = self._handshake(config, tokenizer.vocab_rows, config.resolved_device())
+            self.pump.start()
+            log.info("handshake ready in %.2f s; loading the engine core", time.perf_counter() - t0)
+        try:
+            self.core = (EngineCore or _engine_core_class())(config, tokenizer)
+        except BaseException:
+            if early:
+                self.pump.close()
+            if self._own_dir is not None:
+                shutil.rmtree(self._own_dir, ignore_errors=True)
+            raise
+        if not early:
+            self.handshake = self._handshake(config, self.core.vocab_rows, self.core.device)
+            self.pump.start()
+        elif self.core.vocab_rows != self.handshake.vocab_rows:
+            raise RuntimeError(
+                f"the model has {self.core.vocab_rows} vocabulary rows; the handshake said "
+                f"{self.handshake.vocab_rows}"
+            )
+        log.info("engine core ready in %.2f s", time.perf_counter() - t0)
+
+    @staticmethod
+    def _handshake(config: EngineConfig, vocab_rows: int, device: str) -> Handshake:
+        return Handshake(
+            protocol_version=PROTOCOL_VERSION,
+            model=config.model,
+            tokenizer=config.resolved_tokenizer(),
+            vocab_rows=vocab_rows,
+            reasoning_parser=config.reasoning_parser,
+            max_num_seqs=config.max_num_seqs,
+            engine_pid=os.getpid(),
+            extra_special_tokens=list(config.extra_special_tokens),
+            device=device,
         )
 
     # ----- IO thread --------------------------------------------------------------
@@ -208,7 +246,13 @@ class EngineServer:
             )
             self._reply(client, ErrorNotice(f"{SHUTDOWN_REFUSED}: {why}"))
             return
+        if isinstance(msg, HealthRequest) and self.core is None:
+            # still loading: alive, and holding the requests queued so far
+            self._reply(client, HealthReply(msg.nonce, 0, self._queued, 0, self._queued))
+            return
         if isinstance(msg, EngineCoreRequest | AbortRequests | HealthRequest | Shutdown):
+            if self.core is None and isinstance(msg, EngineCoreRequest):
+                self._queued += 1
             self.inbox.put((client, msg))
             return
         self._reply(client, ErrorNotice(f"unexpected {type(msg).__name__} message"))
@@ -305,7 +349,6 @@ class EngineServer:
         self.inbox.put((b"", WAKE))
 
     def serve(self) -> None:
-        self.pump.start()
         log.info(
             "engine ready on %s (model %s, %d vocabulary rows, device %s)",
             self.address,
@@ -392,6 +435,11 @@ class EngineServer:
 
     def _shutdown(self) -> None:
         core = self.core
+        while True:  # requests that came while the core was loading, or since the last step
+            try:
+                self._handle(*self.inbox.get_nowait())
+            except queue.Empty:
+                break
         self._send_pending()
         pending = list(core.requests.values())
         out = []
@@ -424,6 +472,17 @@ def _read_token(path: str | None) -> str | None:
     if not token:
         raise TokenFileError(f"--shutdown-token-file {path!r} is empty")
     return token
+
+
+#: what builds the core (`bench.engine_probe` puts its own here); by default the class
+#: `engine.EngineCore`, imported on first use (torch, xgrammar), after the handshake
+EngineCore: Callable[[EngineConfig, Tokenizer], Core] | None = None
+
+
+def _engine_core_class() -> Callable[[EngineConfig, Tokenizer], Core]:
+    from .engine import EngineCore as cls
+
+    return cls
 
 
 def _alive(pid: int) -> bool:

@@ -139,7 +139,7 @@ class CompileService:
         self,
         tokenizer: Tokenizer,
         options: CompileOptions,
-        tokenizer_info: xgr.TokenizerInfo,
+        tokenizer_info: xgr.TokenizerInfo | Future[xgr.TokenizerInfo],
         *,
         num_workers: int = 2,
         timeout_s: float = 10.0,
@@ -151,6 +151,8 @@ class CompileService:
         self.options = options
         self.timeout_s = timeout_s
         self.cache = GrammarCache(cache_bytes)
+        #: the vocabulary compiled grammars are loaded against (may still be building:
+        #: the first grammar that comes back waits for it)
         self._info = tokenizer_info
         self._init = msgspec.msgpack.encode(
             WorkerInit(
@@ -303,6 +305,8 @@ class CompileService:
     def _dispatch(self) -> None:
         import xgrammar as xgr
 
+        from .guard import GuardedGrammar
+
         worker: _Worker | None = None
         try:
             while True:
@@ -343,9 +347,11 @@ class CompileService:
                 elif not reply.ok:
                     self._finish(job, None, reply.error)
                 else:
+                    info = self._info.result() if isinstance(self._info, Future) else self._info
                     try:
-                        grammar = xgr.CompiledGrammar.deserialize_json(
-                            reply.grammar_json, self._info
+                        grammar = GuardedGrammar.wrap(
+                            xgr.CompiledGrammar.deserialize_json(reply.grammar_json, info),
+                            reply.json_text,
                         )
                     except (RuntimeError, ValueError) as e:
                         self._finish(job, None, f"compiled grammar could not be loaded: {e}")
