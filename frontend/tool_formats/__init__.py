@@ -2,9 +2,10 @@
 
 from .base import (
     FunctionTool,
+    Markup,
+    ParsedCall,
     ParsedOutput,
     StreamDelta,
-    ToolCall,
     ToolCallDelta,
     ToolCallParser,
     ToolFormat,
@@ -23,9 +24,10 @@ from .registry import (
 __all__ = [
     "FunctionTool",
     "JsonSchemaToolFormat",
+    "Markup",
+    "ParsedCall",
     "ParsedOutput",
     "StreamDelta",
-    "ToolCall",
     "ToolCallDelta",
     "ToolCallParser",
     "ToolFormat",
