@@ -34,26 +34,21 @@ from tests.support.roundtrip import call_errors, random_cuts, same_output, strea
 from tests.support.toolsets import tool_sets
 from tokenization import load_tokenizer
 
+from .conftest import FAMILIES, VOCABS, vocab_for
+
 #: per family: CI runs this many tool sets; ``-m slow`` runs the full hundred
 CI_TOOL_SETS = 10
 FULL_TOOL_SETS = 100
 MAX_TOKENS = 512
 MIN_FINISHED_PCT = 90.0
 
-#: base vocabulary -> the families tested on it (their markers are added to it)
-BASES = {
-    "qwen3": [
-        "hermes",
-        "qwen3_coder",
-        "deepseek_v3",
-        "deepseek_v31",
-        "glm45",
-        "minimax_m2",
-        "json:qwen3",
-    ],
-    "llama3": ["llama3_json", "pythonic", "kimi_k2", "mistral", "json:llama3"],
-    "o200k_harmony": ["openai"],
-}
+#: base vocabulary -> the families tested on it (their markers are added to it), and
+#: the JSON-schema way on two of them
+BASES: dict[str, list[str]] = {v: [] for v in VOCABS}
+for _family in FAMILIES:
+    BASES[vocab_for(_family)].append(_family)
+BASES["qwen3"].append("json:qwen3")
+BASES["llama3"].append("json:llama3")
 CASES = [(base, fam) for base, fams in BASES.items() for fam in fams]
 
 
