@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from engine_core.config import EngineConfig
-from frontend.tool_formats import ToolFormat, get_tool_format_class
+from frontend.tool_formats import ToolFormat, create_tool_format, get_tool_format_class
 from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from tests.support.constrained_sampler import free_text_ends
@@ -120,7 +120,7 @@ def engine(request):
 def _format(name: str, tokenizer) -> ToolFormat:
     if name.startswith("json:"):
         return JsonSchemaToolFormat(tokenizer)
-    return get_tool_format_class(name)(tokenizer)
+    return create_tool_format(name, tokenizer)
 
 
 def _run(engine: EngineHarness, name: str, count: int) -> Figures:
