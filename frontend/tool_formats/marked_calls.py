@@ -77,10 +77,9 @@ class Template:
     any whitespace run (or none) in the text, and whitespace is free at the start,
     around each field and around each of ``markers`` (the special tokens inside the
     template). A field ends before whitespace or markup punctuation (`FIELD_STOPS`).
-    When the template ends with a line break after
-    its last field, a text that breaks the line right after that field and then goes
-    on with something else ends the header there (a model that left out
-    ``<function=f``'s ``>``)."""
+    When the template ends with a line break after its last field, a text that breaks
+    the line right after that field and then goes on with something else ends the
+    header there (a model that left out ``<function=f``'s ``>``)."""
 
     text: str
     markers: tuple[str, ...] = ()
