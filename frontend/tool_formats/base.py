@@ -96,7 +96,8 @@ def default_call_id() -> str:
 
 class ToolCallParser(ABC):
     """Reads one output's content text, incrementally. Per-call work is proportional
-    to the new text; only an unresolved tail (a partial marker) is held back."""
+    to the new text; only what is unresolved is held back (a partial marker, a call
+    not yet complete: a call comes out whole, once it is known to be one)."""
 
     def __init__(
         self, fmt: ToolFormat, tools: Sequence[FunctionTool], *, named: str | None = None
