@@ -1,9 +1,10 @@
 """The grammar mix and the matcher states the benchmarks measure.
 
 Four grammars, as a serving engine meets them: one tool's JSON schema, "required" over
-eight tools as a JSON schema, a hermes-style structural tag over the same eight tools
-(``<tool_call>`` token, ``{"name": NAME, "arguments": `` + schema + ``}``,
-``</tool_call>`` token, at least one call), and xgrammar's builtin JSON grammar.
+eight tools as a JSON schema, the hermes family's own "required" constraint over the
+same eight tools (built by `frontend.tool_formats`, as the front end builds it:
+``<tool_call>`` token, one call object, ``</tool_call>`` token, at least one call),
+and xgrammar's builtin JSON grammar.
 
 Each row of a batch gets one grammar and one randomly generated valid document for it,
 tokenized with the real vocabulary; its matcher accepts a random prefix of those tokens
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from frontend.tool_formats import FunctionTool, create_tool_format
 from structured_output.specs import CompileOptions, GrammarSpec, compile_constraint
 from tokenization import Tokenizer, load_tokenizer
 
@@ -116,36 +118,13 @@ REQUIRED_SCHEMA = {
 
 
 def hermes_tag(tools: list[dict]) -> dict:
-    """Hermes-style calls as xgrammar's structural tag. The markers need no
-    ``excludes`` inside the arguments: special tokens are sealed in xgrammar's view of
-    the vocabulary (`structured_output.vocab`), so no JSON string can hold one."""
-    return {
-        "type": "structural_tag",
-        "format": {
-            "type": "tags_with_separator",
-            "separator": "\n",
-            "at_least_one": True,
-            "tags": [
-                {
-                    "type": "tag",
-                    "begin": {"type": "token", "token": "<tool_call>"},
-                    "content": {
-                        "type": "sequence",
-                        "elements": [
-                            {
-                                "type": "const_string",
-                                "value": f'\n{{"name": "{t["name"]}", "arguments": ',
-                            },
-                            {"type": "json_schema", "json_schema": t["parameters"]},
-                            {"type": "const_string", "value": "}\n"},
-                        ],
-                    },
-                    "end": {"type": "token", "token": "</tool_call>"},
-                }
-                for t in tools
-            ],
-        },
-    }
+    """The hermes family's "required" constraint over ``tools`` (parallel calls on), as
+    a structural-tag document: ``create_tool_format("hermes", ...).constraint``, the
+    one place the family's constraint is written. The document names the markers by
+    their text, so it is the same for every vocabulary that has them as tokens."""
+    fmt = create_tool_format("hermes", load_tokenizer("qwen3"))
+    calls = [FunctionTool(t["name"], t["parameters"]) for t in tools]
+    return json.loads(fmt.constraint(calls, named=None, parallel=True).value)
 
 
 SPECS = {

@@ -184,11 +184,13 @@ def test_parallel_calls_off_keeps_the_first():
 
 
 def test_length_keeps_what_parsed():
-    ids = TOK.encode(THOUGHT + CALL_A + "\n" + CALL_B[:-20])
+    cut = CALL_B[:-20]
+    ids = TOK.encode(THOUGHT + CALL_A + "\n" + cut)
     msg, reason, _, _ = run(ids, finish=FinishReason.LENGTH)
     assert reason == "length"
     calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls]
-    assert calls == [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": ')]
+    assert calls == [("get_weather", '{"city": "Paris"}')]
+    assert msg.content == cut.rstrip()  # a call cut short is no call: its text is content
     cut_in_thought = run(TOK.encode(THOUGHT)[:5], finish=FinishReason.LENGTH)
     assert cut_in_thought[1] == "length" and cut_in_thought[0].content is None
 
