@@ -7,7 +7,7 @@ import logging
 import traceback
 from concurrent.futures import CancelledError
 
-from ipc import EngineCoreRequest
+from ipc import MAX_TOP_LOGPROBS, EngineCoreRequest
 from reasoning import ReasoningError
 from structured_output import GrammarError, GrammarSpec
 from structured_output.guide import GuideError
@@ -43,6 +43,8 @@ def check_request(req: EngineCoreRequest, config: EngineConfig, vocab_rows: int)
         raise ValueError("min_tokens must lie between 0 and max_tokens")
     if any(not 0 <= t < vocab_rows for t in sp.stop_token_ids):
         raise ValueError(f"stop token ids must lie in [0, {vocab_rows})")
+    if sp.logprobs is not None and not 0 <= sp.logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"logprobs must lie in [0, {MAX_TOP_LOGPROBS}]")
     if req.reasoning_budget is not None and req.reasoning_budget < 0:
         raise ValueError("reasoning_budget must be >= 0")
 

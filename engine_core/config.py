@@ -15,16 +15,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from structured_output.config import StructuredOutputConfig
 
+from .model_options import BUILTIN_MODEL_OPTIONS
 from .options import option
+
+#: device nodes of the NVIDIA and AMD drivers (and of WSL's GPU bridge): torch can see
+#: a GPU only where one of them exists
+_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 
 
 class StartupError(Exception):
@@ -127,16 +133,26 @@ class EngineConfig:
         return "qwen3"
 
     def resolved_device(self) -> str:
-        """``device`` made concrete; `StartupError` for one this machine lacks."""
-        import torch
-
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        kind, _, index = self.device.partition(":")
+        """``device`` made concrete; `StartupError` for one this machine lacks. Without
+        a GPU driver this is known without importing torch (a second or more)."""
         if self.device == "cpu":
             return "cpu"
+        has_driver = any(os.path.exists(p) for p in _GPU_NODES)
+        if self.device == "auto":
+            if not has_driver:
+                return "cpu"
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        kind, _, index = self.device.partition(":")
         if kind != "cuda" or (index and not index.isdigit()):
             raise StartupError(f"--device {self.device!r}: use cpu, cuda, cuda:N or auto")
+        if not has_driver:
+            raise StartupError(
+                f"--device {self.device}: CUDA is not available here (no GPU driver is visible)"
+            )
+        import torch
+
         if not torch.cuda.is_available():
             why = "no GPU is visible" if torch.version.cuda else "torch is built without CUDA"
             raise StartupError(f"--device {self.device}: CUDA is not available here ({why})")
@@ -151,16 +167,18 @@ class EngineConfig:
         """The flags that reproduce this config (used to spawn an engine), each as
         ``--flag=value`` (a value that starts with a dash stays a value)."""
         args: list[str] = []
-        for _, f, hint, value in _walk(self):
+        for _, f, declared, value in _walk(self):
             default = _default_of(f)
             if value == default:
                 continue
-            flag = flag_of(f)
+            flag, hint = flag_of(f), _base(declared)
             if hint is bool:
                 if value:
                     args.append(flag)
             elif value is None:
-                raise ValueError(f"{flag} cannot be set back to none on the command line")
+                if not _spells_none(f, declared):
+                    raise ValueError(f"{flag} cannot be set back to none on the command line")
+                args.append(f"{flag}={NONE}")
             elif _origin(hint) is tuple:
                 args += [f"{flag}={v}" for v in value]
             elif _origin(hint) is dict:
@@ -187,23 +205,39 @@ def _origin(hint: Any) -> Any:
     return typing.get_origin(hint) or hint
 
 
+def _optional(hint: Any) -> bool:
+    """Whether ``hint`` is ``X | None``."""
+    return (isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union) and type(
+        None
+    ) in typing.get_args(hint)
+
+
 def _base(hint: Any) -> Any:
     """``X`` of ``X | None``."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+    if _optional(hint):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if len(args) == 1:
             return args[0]
     return hint
 
 
+#: how the command line spells None, for a setting that may be None but is not by
+#: default (``--json-max-whitespace none``)
+NONE = "none"
+
+
+def _spells_none(f: dataclasses.Field, declared: Any) -> bool:
+    return _optional(declared) and _default_of(f) is not None
+
+
 def _fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
-    """``(dest, field, type)`` of every setting, nested configs flattened; ``dest`` is
-    the field name at the top and ``outer.name`` below."""
+    """``(dest, field, declared type)`` of every setting, nested configs flattened;
+    ``dest`` is the field name at the top and ``outer.name`` below."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        hint = _base(hints[f.name])
-        if dataclasses.is_dataclass(hint):
-            yield from _fields(hint, f"{prefix}{f.name}.")
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(_base(hint)):
+            yield from _fields(_base(hint), f"{prefix}{f.name}.")
         else:
             yield prefix + f.name, f, hint
 
@@ -234,7 +268,25 @@ def _json_object(text: str) -> dict[str, Any]:
 _METAVARS = {int: "N", float: "NUMBER", str: "TEXT"}
 
 
-def _add(group: argparse._ActionsContainer, dest: str, f: dataclasses.Field, hint: Any) -> None:
+def _or_none(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        return None if text == NONE else convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse's error names it
+    return parse
+
+
+def _add(
+    group: argparse._ActionsContainer,
+    dest: str,
+    f: dataclasses.Field,
+    declared: Any,
+    *,
+    given_only: bool = False,
+) -> None:
+    """The argparse flag of one setting. ``given_only``: its default is None (not
+    given), whatever the setting's own default (which the help text shows)."""
+    hint = _base(declared)
     meta = f.metadata
     if "help" not in meta:
         raise TypeError(f"setting {dest} has no help text")
@@ -260,25 +312,58 @@ def _add(group: argparse._ActionsContainer, dest: str, f: dataclasses.Field, hin
         kwargs.update(action="append", type=typing.get_args(hint)[0], default=None)
     elif origin is dict:
         kwargs.update(type=_json_object, default=None)
+    elif _spells_none(f, declared):
+        kwargs.update(type=_or_none(hint), default=default)
     else:
         kwargs.update(type=hint, default=default)
+    if given_only:
+        kwargs["default"] = None
     group.add_argument(flag_of(f), **kwargs)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Add a flag for every setting of `EngineConfig`, structured-output ones in a
-    group of their own."""
+    group of their own, and one for each option of the built-in models (gathered into
+    ``runner_options``)."""
     groups: dict[str, argparse._ActionsContainer] = {"": parser}
     for dest, f, hint in _fields(EngineConfig):
         outer = dest.rpartition(".")[0]
         if outer not in groups:
             groups[outer] = parser.add_argument_group(outer.replace("_", " ") + " settings")
         _add(groups[outer], dest, f, hint)
+    group = parser.add_argument_group(
+        "options of the built-in models (--model random, scripted)",
+        "each also settable in --runner-options; a model refuses an option it does not have",
+    )
+    for dest, f, hint in _model_option_fields():
+        _add(group, dest, f, hint, given_only=True)
+
+
+def _model_option_fields() -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """The fields of the built-in models' options, each once, by name."""
+    seen: set[str] = set()
+    for cls in BUILTIN_MODEL_OPTIONS:
+        for dest, f, hint in _fields(cls, _RUNNER_PREFIX):
+            if dest not in seen:
+                seen.add(dest)
+                yield dest, f, hint
+
+
+_RUNNER_PREFIX = "runner_options."
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineConfig:
-    """The config that the flags of `add_engine_arguments` describe."""
-    return _build(EngineConfig, ns)
+    """The config that the flags of `add_engine_arguments` describe. A built-in
+    model's option given as a flag joins ``--runner-options`` (and wins over it)."""
+    config = _build(EngineConfig, ns)
+    given = {}
+    for dest, _, hint in _model_option_fields():
+        value = getattr(ns, dest, None)
+        if value is not None:
+            given[dest[len(_RUNNER_PREFIX) :]] = list(value) if _origin(hint) is tuple else value
+    if given:
+        config = dataclasses.replace(config, runner_options={**config.runner_options, **given})
+    return config
 
 
 def _build(cls: type, ns: argparse.Namespace, prefix: str = "") -> Any:

@@ -24,6 +24,7 @@ and this object, and reads its state through `stats`.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,13 +34,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ipc import EngineCoreOutput, EngineCoreRequest, FinishReason
+from ipc import ENGINE_FULL, EngineCoreOutput, EngineCoreRequest, FinishReason
 from structured_output import GrammarError
+from structured_output.bitmask import FilledMask
 from structured_output.manager import StructuredOutputManager
 
 from .admission import check_request, error_message, spec_of
 from .config import EngineConfig
 from .isolation import sample_isolating
+from .logprobs import StepLogprobs
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
@@ -67,6 +70,15 @@ class EngineStats:
     #: grammar compiles queued or running
     num_compiling: int
     num_cached_grammars: int
+    #: grammars compiled, the seconds their compiles took, and submissions answered
+    #: from the compiled-grammar cache
+    num_compiled_grammars: int
+    compile_seconds: float
+    num_grammar_cache_hits: int
+    #: steps that filled bitmask rows, the rows filled, and the seconds the fills took
+    num_fill_steps: int
+    num_fill_rows: int
+    fill_seconds: float
 
 
 class EngineCore:
@@ -112,6 +124,12 @@ class EngineCore:
         self.num_steps = 0
         #: outputs made since the last public call returned them
         self._out: list[Output] = []
+        #: running requests that asked for log-probabilities
+        self.num_logprob_requests = 0
+        #: steps that filled bitmask rows, the rows, and the seconds the fills took
+        self.num_fill_steps = 0
+        self.num_fill_rows = 0
+        self.fill_seconds = 0.0
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinkgate-model")
 
     # ----- requests in and out ---------------------------------------------------
@@ -133,7 +151,7 @@ class EngineCore:
         held, limit = len(self.requests), self.config.max_num_seqs + self.config.max_waiting
         if held >= limit:
             raise ValueError(
-                f"the engine is full: it holds {held} requests ({self.config.max_num_seqs} "
+                f"{ENGINE_FULL}: it holds {held} requests ({self.config.max_num_seqs} "
                 f"running, {self.config.max_waiting} waiting at most); retry later"
             )
         check_request(req, self.config, self.vocab_rows)
@@ -220,6 +238,7 @@ class EngineCore:
                         stop_reason=stop,
                         error=error,
                         num_reasoning_tokens=count,
+                        logprobs=r.logprobs.take() if r.logprobs is not None else None,
                     ),
                 )
             )
@@ -263,6 +282,12 @@ class EngineCore:
             num_guides=so.num_guides,
             num_compiling=so.num_compiling,
             num_cached_grammars=so.num_cached_grammars,
+            num_compiled_grammars=so.compiler.num_compiled,
+            compile_seconds=so.compiler.compile_seconds,
+            num_grammar_cache_hits=so.compiler.num_cache_hits,
+            num_fill_steps=self.num_fill_steps,
+            num_fill_rows=self.num_fill_rows,
+            fill_seconds=self.fill_seconds,
         )
 
     # ----- scheduling -----------------------------------------------------------
@@ -275,6 +300,8 @@ class EngineCore:
             for r in self.running:
                 if r.status == Status.FINISHED:
                     self._leave_runner(r)
+                    if r.logprobs is not None:
+                        self.num_logprob_requests -= 1
             self.running = [r for r in self.running if r.status != Status.FINISHED]
         room = self.config.max_num_seqs - len(self.running)
         if not self.waiting or room <= 0:
@@ -313,6 +340,8 @@ class EngineCore:
             self._leave_runner(r)
             raise
         r.status = Status.RUNNING
+        if r.logprobs is not None:
+            self.num_logprob_requests += 1
         self.running.append(r)
 
     def _leave_runner(self, r: EngineRequest) -> None:
@@ -349,12 +378,16 @@ class EngineCore:
             for r in batch:
                 self._fail(r, e, "running the model's forward pass")
             return
+        # before the sampler edits the logits in place
+        lp = StepLogprobs.gather(logits, batch) if self.num_logprob_requests else None
         try:
             tokens = self.sampler.sample(logits, sb, cons)
         except Exception as e:  # noqa: BLE001 - find the rows at fault
             tokens = sample_isolating(
                 self.sampler, logits, sb, cons, live, e, self._row_failer(batch, live, "sampling")
             )
+        if lp is not None:
+            lp.record(tokens)
         self.num_steps += 1
         self._commit(batch, tokens, live)
 
@@ -369,8 +402,16 @@ class EngineCore:
         """Feed last step's tokens to the guides; gather this step's masks, bans and
         forced tokens. Also returns which rows are still live."""
         return gather_constraints(
-            batch, self.structured_output.fill, lambda i, e, stage: self._fail(batch[i], e, stage)
+            batch, self._fill, lambda i, e, stage: self._fail(batch[i], e, stage)
         )
+
+    def _fill(self, rows: list[int], guides: list) -> FilledMask:
+        t0 = time.perf_counter()
+        mask = self.structured_output.fill(rows, guides)
+        self.fill_seconds += time.perf_counter() - t0
+        self.num_fill_steps += 1
+        self.num_fill_rows += len(rows)
+        return mask
 
     def _sampling_batch(self, batch: list[EngineRequest]) -> SamplingBatch:
         return sampling_batch(batch, self.rng)
@@ -404,6 +445,7 @@ class EngineCore:
                                 num_reasoning_tokens=r.guide.num_reasoning_tokens
                                 if r.guide is not None
                                 else 0,
+                                logprobs=r.logprobs.take() if r.logprobs is not None else None,
                             ),
                         )
                     )

@@ -11,6 +11,7 @@ shutdown token (the one that spawned the engine) may stop it over the wire.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import logging
 import os
@@ -23,6 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -40,6 +42,7 @@ from ipc import (
     EngineCoreOutputs,
     EngineCoreRequest,
     ErrorNotice,
+    FinishReason,
     Goodbye,
     Handshake,
     HealthReply,
@@ -56,10 +59,12 @@ from ipc import (
     set_heartbeats,
 )
 from reasoning import load_plugin
-from tokenization import load_tokenizer
+from tokenization import Tokenizer, load_tokenizer
 
 from .config import EngineConfig, StartupError
-from .engine import EngineCore
+
+if TYPE_CHECKING:
+    from .engine import EngineCore as Core
 
 log = logging.getLogger("thinkgate.engine")
 
@@ -92,9 +97,11 @@ WAKE = _Wake()
 
 
 class EngineServer:
-    """Start-up builds the core, then the socket (in that order: nothing is left in
-    the temp folder when loading fails); whatever it built before a failure, or an
-    interrupt, is closed again."""
+    """Start-up: the checks that need nothing loaded, the tokenizer, then the socket and
+    the core (the socket first, with its handshake, when the model keeps the
+    tokenizer's rows). Whatever it built before a failure, or an interrupt, is closed
+    again (the socket folder included), and requests queued meanwhile get their final
+    outputs."""
 
     def __init__(
         self, config: EngineConfig, *, on_ready: Callable[[EngineServer], None] | None = None
@@ -103,7 +110,7 @@ class EngineServer:
         from then on the server must be stopped with `stop`."""
         self.config = config
         self._own_dir: Path | None = None
-        self.core: EngineCore | None = None
+        self.core: Core | None = None  # the IO thread answers health checks until it is set
         self.keys = None
         self._auth = None
         self.shutdown_token: str | None = None
@@ -115,16 +122,25 @@ class EngineServer:
         self._pending: list[tuple[bytes, EngineCoreOutput]] = []  # main thread: outputs to send
         self._last_beat = 0.0
         self.pump: SocketPump | None = None
+        self._listening = False  # the socket is bound: clients may be waiting
+        self._queued = 0  # requests the IO thread queued before the core was built
         try:
             self._start()
             if on_ready is not None:
                 on_ready(self)
         except BaseException:
+            if self._listening:
+                self._end_queued("the engine stopped before it was ready")
             self._close()
             raise
 
     def _start(self) -> None:
+        """Checks that need nothing loaded, the tokenizer, the socket, the core. A model
+        that keeps the tokenizer's rows (not a model directory) lets the handshake go
+        out before the core is built: the socket answers it (and queues requests) while
+        torch, xgrammar and the model load."""
         config = self.config
+        t0 = time.perf_counter()
         self.shutdown_token = _read_token(config.shutdown_token_file)
         self.keys = ensure_keys(config.curve_keys) if config.curve_keys else None
         if config.address:
@@ -142,24 +158,10 @@ class EngineServer:
         log.info("loading tokenizer %s", name)
         with _startup_step(f"cannot load tokenizer {name!r}"):
             tokenizer = load_tokenizer(name, config.extra_special_tokens)
-        log.info("starting model %s on %s, and the grammar compilers", config.model, device)
-        with _startup_step("cannot start the engine"):
-            self.core = EngineCore(config, tokenizer, device=device)
         if config.address:
             self.address = config.address
         else:
             self.address, self._own_dir = private_ipc_address()
-        self.handshake = Handshake(
-            protocol_version=PROTOCOL_VERSION,
-            model=config.model,
-            tokenizer=name,
-            vocab_rows=self.core.vocab_rows,
-            reasoning_parser=config.reasoning_parser,
-            max_num_seqs=config.max_num_seqs,
-            engine_pid=os.getpid(),
-            extra_special_tokens=list(config.extra_special_tokens),
-            device=self.core.device,
-        )
         self.pump = SocketPump(
             self._make_socket,
             self._on_frames,
@@ -174,8 +176,43 @@ class EngineServer:
             tick_s=0.1,
             name="thinkgate-engine-io",
         )
+        early = not Path(config.model).is_dir()
+        if early:
+            self.handshake = self._handshake(config, tokenizer.vocab_rows, device)
+            self._listen()
+            log.info("handshake ready in %.2f s", time.perf_counter() - t0)
+        log.info("starting model %s on %s, and the grammar compilers", config.model, device)
+        with _startup_step("cannot start the engine"):
+            self.core = (EngineCore or _engine_core_class())(config, tokenizer)
+        if not early:
+            self.handshake = self._handshake(config, self.core.vocab_rows, self.core.device)
+            self._listen()
+        elif self.core.vocab_rows != self.handshake.vocab_rows:
+            raise StartupError(
+                f"the model has {self.core.vocab_rows} vocabulary rows; the handshake said "
+                f"{self.handshake.vocab_rows}"
+            )
+        log.info("engine core ready in %.2f s", time.perf_counter() - t0)
+
+    def _listen(self) -> None:
+        assert self.pump is not None
         with _startup_step(f"cannot bind {self.address}"):
             self.pump.start()
+        self._listening = True
+
+    @staticmethod
+    def _handshake(config: EngineConfig, vocab_rows: int, device: str) -> Handshake:
+        return Handshake(
+            protocol_version=PROTOCOL_VERSION,
+            model=config.model,
+            tokenizer=config.resolved_tokenizer(),
+            vocab_rows=vocab_rows,
+            reasoning_parser=config.reasoning_parser,
+            max_num_seqs=config.max_num_seqs,
+            engine_pid=os.getpid(),
+            extra_special_tokens=list(config.extra_special_tokens),
+            device=device,
+        )
 
     # ----- IO thread --------------------------------------------------------------
 
@@ -248,7 +285,13 @@ class EngineServer:
             )
             self._reply(client, ErrorNotice(f"{SHUTDOWN_REFUSED}: {why}"))
             return
+        if isinstance(msg, HealthRequest) and self.core is None:
+            # still loading: alive, and holding the requests queued so far
+            self._reply(client, HealthReply(msg.nonce, 0, self._queued, 0, self._queued))
+            return
         if isinstance(msg, EngineCoreRequest | AbortRequests | HealthRequest | Shutdown):
+            if self.core is None and isinstance(msg, EngineCoreRequest):
+                self._queued += 1
             self.inbox.put((client, msg))
             return
         self._reply(client, ErrorNotice(f"unexpected {type(msg).__name__} message"))
@@ -380,21 +423,10 @@ class EngineServer:
             self._pending += core.abort(client, msg.request_ids)
         elif isinstance(msg, HealthRequest):
             self._send_pending()  # a reply comes after the outputs of what came before it
-            st = core.stats()
-            self._reply_main(
-                client,
-                HealthReply(
-                    msg.nonce,
-                    st.num_running,
-                    st.num_waiting,
-                    st.num_steps,
-                    num_requests=st.num_requests,
-                    num_guides=st.num_guides,
-                    num_compiling=st.num_compiling,
-                    num_cached_grammars=st.num_cached_grammars,
-                    num_clients=len(self._clients),  # the IO thread's dict; len() is atomic
-                ),
-            )
+            # the engine's counters, and the IO thread's count of clients (len() is atomic)
+            reply = HealthReply(msg.nonce, **dataclasses.asdict(core.stats()))
+            reply.num_clients = len(self._clients)
+            self._reply_main(client, reply)
         elif msg is CLIENT_GONE:
             n = core.drop_client(client)
             if n:
@@ -424,14 +456,40 @@ class EngineServer:
             self._reply_main(client, EngineCoreOutputs(outs, now))
 
     def _shutdown(self) -> None:
-        """Every request still held gets its final output (aborted: the engine shut
-        down), then the socket, the model and the compilers close."""
+        """Every request still held, or queued since the last step (or while the core
+        loaded), gets its final output (aborted: the engine shut down); then the socket,
+        the model and the compilers close."""
         try:
+            while True:
+                try:
+                    self._handle(*self.inbox.get_nowait())
+                except queue.Empty:
+                    break
             self._send_pending()
             self._send(self.core.abort_all("the engine shut down"))
         finally:
             self._close()
         log.info("engine stopped")
+
+    def _end_queued(self, error: str) -> None:
+        """Start-up failed after the handshake went out: each request queued meanwhile
+        gets its final output (aborted, with ``error``)."""
+        out = []
+        while True:
+            try:
+                client, msg = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(msg, EngineCoreRequest):
+                out.append(
+                    (
+                        client,
+                        EngineCoreOutput(
+                            msg.request_id, [], finish_reason=FinishReason.ABORT, error=error
+                        ),
+                    )
+                )
+        self._send(out)
 
     def _close(self) -> None:
         """Close what start-up built; each part whatever becomes of the others."""
@@ -480,6 +538,17 @@ def _read_token(path: str | None) -> str | None:
     if not token:
         raise TokenFileError(f"--shutdown-token-file {path!r} is empty")
     return token
+
+
+#: what builds the core (`bench.engine_probe` puts its own here); by default the class
+#: `engine.EngineCore`, imported on first use (torch, xgrammar), after the handshake
+EngineCore: Callable[[EngineConfig, Tokenizer], Core] | None = None
+
+
+def _engine_core_class() -> Callable[[EngineConfig, Tokenizer], Core]:
+    from .engine import EngineCore as cls
+
+    return cls
 
 
 def _alive(pid: int) -> bool:

@@ -155,7 +155,7 @@ class CompileService:
         self,
         tokenizer: Tokenizer,
         options: CompileOptions,
-        tokenizer_info: xgr.TokenizerInfo,
+        tokenizer_info: xgr.TokenizerInfo | Future[xgr.TokenizerInfo],
         *,
         num_workers: int = 2,
         timeout_s: float = 10.0,
@@ -167,6 +167,8 @@ class CompileService:
         self.options = options
         self.timeout_s = timeout_s
         self.cache = GrammarCache(cache_bytes)
+        #: the vocabulary compiled grammars are loaded against (may still be building:
+        #: the first grammar that comes back waits for it)
         self._info = tokenizer_info
         self._init = msgspec.msgpack.encode(
             WorkerInit(
@@ -191,6 +193,10 @@ class CompileService:
         self._workers: set[_Worker] = set()
         self.num_timeouts = 0
         self.num_compiled = 0
+        #: seconds the successful compiles took (the worker's round trip), in total
+        self.compile_seconds = 0.0
+        #: submissions answered from the cache
+        self.num_cache_hits = 0
         self._threads = [
             threading.Thread(target=self._dispatch, name=f"thinkgate-compile-{i}", daemon=True)
             for i in range(max(1, num_workers))
@@ -203,6 +209,7 @@ class CompileService:
         that fails its checks). Never blocks."""
         hit = self.cache.get(spec)
         if hit is not None:
+            self.num_cache_hits += 1
             return _done(hit)
         try:
             check_spec(spec, self.options)
@@ -268,13 +275,21 @@ class CompileService:
             self._workers.discard(worker)
         worker.kill()
 
-    def _finish(self, job: _Job, grammar: xgr.CompiledGrammar | None, error: str | None) -> None:
+    def _finish(
+        self,
+        job: _Job,
+        grammar: xgr.CompiledGrammar | None,
+        error: str | None,
+        seconds: float = 0.0,
+    ) -> None:
         with self._lock:
             if self._inflight.get(job.spec) is job:
                 del self._inflight[job.spec]
+            if grammar is not None:
+                self.num_compiled += 1
+                self.compile_seconds += seconds
         if grammar is not None:
             self.cache.put(job.spec, grammar)
-            self.num_compiled += 1
             job.future.set_result(grammar)
         else:
             job.future.set_exception(GrammarError(error or "grammar compilation failed"))
@@ -362,6 +377,8 @@ class CompileService:
         """Compile ``job`` and settle its future; returns the worker to use next."""
         import xgrammar as xgr
 
+        from .guard import GuardedGrammar
+
         if worker is not None and worker.proc.poll() is not None:
             # it died idle (killed, say): that is no fault of this job's
             log.warning(
@@ -376,7 +393,8 @@ class CompileService:
         if worker is None:
             self._finish(job, None, "no grammar compile worker is available")
             return None
-        deadline = time.monotonic() + self.timeout_s
+        began = time.monotonic()
+        deadline = began + self.timeout_s
         reply, worker = self._compile(worker, job, deadline)
         if reply is None:
             if time.monotonic() >= deadline:
@@ -391,12 +409,16 @@ class CompileService:
         elif not reply.ok:
             self._finish(job, None, reply.error)
         else:
+            info = self._info.result() if isinstance(self._info, Future) else self._info
             try:
-                grammar = xgr.CompiledGrammar.deserialize_json(reply.grammar_json, self._info)
+                grammar = GuardedGrammar.wrap(
+                    xgr.CompiledGrammar.deserialize_json(reply.grammar_json, info),
+                    reply.json_text,
+                )
             except (RuntimeError, ValueError) as e:
                 self._finish(job, None, f"compiled grammar could not be loaded: {e}")
             else:
-                self._finish(job, grammar, None)
+                self._finish(job, grammar, None, time.monotonic() - began)
         return worker
 
 

@@ -16,10 +16,12 @@ def _opt(default, help: str, **more):  # noqa: A002 - the argparse name
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutputConfig:
-    max_whitespace: int = _opt(
+    max_whitespace: int | None = _opt(
         16,
-        "the most whitespace characters allowed in a row between JSON elements, so that "
-        "a sampler cannot loop on whitespace until max_tokens",
+        "the most whitespace characters in a row between the elements of constrained "
+        "JSON, in every constraint (tool calls included; spaces inside strings are content "
+        "and not counted), so that a sampler cannot loop on whitespace until max_tokens "
+        "(none: unbounded)",
         flag="--json-max-whitespace",
     )
     max_spec_bytes: int = _opt(

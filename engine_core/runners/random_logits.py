@@ -5,39 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..options import option
+from ..model_options import RandomOptions
 from .base import ModelRunner, RunnerOptions, RunnerRow, closing_bias
 
 #: distinct random logit rows the model draws from
 POOL_ROWS = 64
-
-
-@dataclass(frozen=True)
-class SimulatedOptions:
-    """Options of the built-in models (random logits, with or without a script)."""
-
-    forward_ms: float = option(
-        0.0, "a fixed cost added to every forward pass, in milliseconds (benchmarks)"
-    )
-    closing_bias: float = option(
-        3.0,
-        "added to the logits of tokens that close strings, structures and markers, so "
-        "that the outputs end",
-    )
-
-
-@dataclass(frozen=True)
-class RandomOptions(SimulatedOptions):
-    ending_texts: tuple[str, ...] = option(
-        (),
-        "texts that end free text in the formats a test drives (a closing tag spelled "
-        "in ordinary tokens, say): the model leans into writing them once begun",
-    )
 
 
 class RandomLogitsRunner(ModelRunner):

@@ -14,24 +14,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..options import option
+from ..model_options import ScriptedOptions
 from .base import ModelRunner, RunnerOptions, RunnerRow, closing_bias
-from .random_logits import POOL_ROWS, SimulatedOptions, _mix
+from .random_logits import POOL_ROWS, _mix
 
 SCRIPT_BONUS = 40.0
-
-
-@dataclass(frozen=True)
-class ScriptedOptions(SimulatedOptions):
-    script: str | None = option(
-        None, "the script file (JSON: rules and a default output, see this module)"
-    )
 
 
 class ScriptedRunner(ModelRunner):

@@ -16,14 +16,15 @@ from hypothesis import strategies as st
 
 from engine_core.config import (
     EngineConfig,
+    _base,
     _fields,
+    _optional,
     add_engine_arguments,
     config_from_args,
     flag_of,
 )
+from engine_core.model_options import RandomOptions, ScriptedOptions
 from engine_core.options import OptionsError, read_options
-from engine_core.runners.random_logits import RandomOptions
-from engine_core.runners.scripted import ScriptedOptions
 from structured_output.config import StructuredOutputConfig
 from tests.reliability.support import ROOT
 
@@ -67,6 +68,11 @@ def test_json_max_whitespace_reaches_the_structured_output_config():
     assert config.structured_output.max_whitespace == 3
     assert config.structured_output.compile_workers == 1
     assert config.to_args() == ["--json-max-whitespace=3", "--compile-workers=1"]
+    unbounded = _parse(["--json-max-whitespace", "none"])
+    assert unbounded.structured_output.max_whitespace is None
+    assert unbounded.to_args() == ["--json-max-whitespace=none"]
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--json-max-whitespace", "many"])
 
 
 def test_repeatable_and_json_flags():
@@ -86,7 +92,10 @@ def test_repeatable_and_json_flags():
         _parser().parse_args(["--runner-options", "[1]"])
 
 
-def _value(hint):
+def _value(declared, default):
+    hint = _base(declared)
+    if _optional(declared) and default is not None:  # spelled "none" on the command line
+        return st.none() | _value(hint, default)
     hint = typing.get_origin(hint) or hint
     text = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=8)
     if hint is bool:
@@ -108,9 +117,9 @@ def _value(hint):
 def configs(draw) -> EngineConfig:
     """Any config: each setting its default or a value of its type."""
     values: dict[str, object] = {}
-    for dest, _, hint in _fields(EngineConfig):
+    for dest, f, hint in _fields(EngineConfig):
         if draw(st.booleans()):
-            values[dest] = draw(_value(hint))
+            values[dest] = draw(_value(hint, f.default))
     so = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("structured_output.")}
     top = {k: v for k, v in values.items() if "." not in k}
     return EngineConfig(**top, structured_output=StructuredOutputConfig(**so))
@@ -167,6 +176,19 @@ def test_runner_options_that_do_not_fit_are_named_with_the_known_ones(values, wo
         read_options(RandomOptions, values, "model runner RandomLogitsRunner")
     for w in words:
         assert w in str(e.value)
+
+
+def test_the_built_in_models_options_are_flags_too():
+    config = _parse(
+        ["--model", "scripted", "--script", "s.json", "--forward-ms", "5", "--ending-text", "x"]
+    )
+    assert config.runner_options == {"script": "s.json", "forward_ms": 5.0, "ending_texts": ["x"]}
+    both = _parse(["--runner-options", '{"forward_ms": 1, "closing_bias": 2}', "--forward-ms", "7"])
+    assert both.runner_options == {"forward_ms": 7.0, "closing_bias": 2}
+    assert _parse([]).runner_options == {}
+    text = _parser().format_help()
+    assert "--script FILE" in text and "--ending-text TEXT" in text
+    assert "(default: 0.0)" in text  # forward_ms, the model's own default
 
 
 def test_runner_options_travel_whole_to_a_spawned_engine():

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from engine_core.config import EngineConfig
+from frontend.tool_formats import FunctionTool, create_tool_format
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from reasoning import create_reasoning_parser
 from structured_output.config import StructuredOutputConfig
@@ -193,22 +194,10 @@ def test_tool_call_in_thought_against_a_json_grammar_is_banned(engine):
 
 
 def test_tool_call_in_thought_against_a_tool_grammar_is_the_answer(engine):
-    tag = {
-        "type": "tag",
-        "begin": {"type": "token", "token": "<tool_call>"},
-        "content": {
-            "type": "sequence",
-            "elements": [
-                {"type": "const_string", "value": '\n{"name": "f", "arguments": '},
-                {"type": "json_schema", "json_schema": {"type": "object", "properties": {}}},
-                {"type": "const_string", "value": "}\n"},
-            ],
-        },
-        "end": {"type": "token", "token": "</tool_call>"},
-    }
-    spec = StructuredOutputSpec(
-        "structural_tag", json.dumps({"type": "structural_tag", "format": tag})
-    )
+    fmt = create_tool_format("hermes", engine.client.tokenizer())
+    tool = FunctionTool("f", {"type": "object", "properties": {}})
+    grammar = fmt.constraint([tool], named=None, parallel=False)
+    spec = StructuredOutputSpec(grammar.kind.value, grammar.value)
     ids, final, reasoning, content = _run(engine, "[tool-in-thought]", spec=spec)
     assert final.finish_reason == FinishReason.STOP, final.error
     assert reasoning == "\nI will call it "

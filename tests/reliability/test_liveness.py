@@ -110,7 +110,7 @@ def test_sigkill_of_the_engine_fails_every_stream_of_a_connected_client_within_2
 def slow_engine(tmp_path_factory):
     """Default timeouts; steps slowed so that requests run through a 10 s stall."""
     e = ServedEngine(
-        ["--model", "random", "--max-num-seqs", "16", "--runner-options", '{"forward_ms": 40}'],
+        ["--model", "random", "--max-num-seqs", "16", "--forward-ms", "40"],
         tmp_path_factory.mktemp("liveness") / "engine.log",
     )
     yield e
