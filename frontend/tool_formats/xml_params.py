@@ -460,9 +460,9 @@ class XmlArgumentsFormat(ToolFormat):
         return structural_tag(calls_format(syntax, markers, calls, many=many))
 
     def new_parser(
-        self, tools: Sequence[FunctionTool], *, named: str | None = None
+        self, tools: Sequence[FunctionTool], *, named: str | None = None, forced: bool = False
     ) -> ToolCallParser:
-        return self.parser_class(self, tools, named=named)
+        return self.parser_class(self, tools, named=named, forced=forced)
 
     @property
     def markup(self) -> Markup:
