@@ -59,9 +59,11 @@ def stream_parse(
     tools: Sequence[FunctionTool],
     cuts: Iterable[int],
     named: str | None = None,
+    *,
+    forced: bool = False,
 ) -> ParsedOutput:
     """``text`` pushed in pieces ending at ``cuts``, folded like a client would."""
-    parser = fmt.new_parser(tools, named=named)
+    parser = fmt.new_parser(tools, named=named, forced=forced)
     deltas = []
     pos = 0
     for cut in sorted(set(cuts)):
