@@ -10,6 +10,7 @@ parameters (a string, an integer, a non-ASCII enum, an array). For each output:
 - stream equals whole, ids and indices included, cut at every character and at random;
 - the stream is incremental: a call's first piece (index, id, name) comes before its
   arguments are complete, and some arguments text comes before the call is complete;
+- what streams from any prefix of the output holds for the whole (never taken back);
 - through the `OutputProcessor`, with thinking before the call: reasoning, content,
   calls and finish reason are the same whole, one token per output, in random groups
   of tokens, and with tokens split into single bytes (cutting inside multi-byte
@@ -26,7 +27,7 @@ import pytest
 from engine_core.client import RequestOutput
 from frontend.chunks import ChunkMaker, CompletionAccumulator, fold_chunks
 from frontend.response import OutputProcessor
-from frontend.tool_formats import FunctionTool, ParsedOutput, ToolFormat
+from frontend.tool_formats import FunctionTool, ParsedOutput, ToolFormat, collect
 from ipc import FinishReason
 from reasoning import create_reasoning_parser
 from tests.support.constrained_sampler import free_text_ends
@@ -142,6 +143,28 @@ def test_forced_arguments_arrive_before_the_call_is_complete(
         assert partial == every, f"seed={seed}: calls {every - partial} came whole: {text!r}"
         if family != "json_schema":  # its named call opens with its first "{"
             assert named_early == every, f"seed={seed}: a name came with arguments: {text!r}"
+
+
+@pytest.mark.parametrize(("family", "named", "parallel"), CASES)
+def test_what_streams_is_never_contradicted(family: str, named: str | None, parallel: bool) -> None:
+    """Whatever streams from a prefix of a forced output (before its end is known)
+    holds for the whole output: the same calls in order, each one's arguments a prefix
+    of its final arguments. So a piece never needs taking back."""
+    fmt = format_named(family)
+    for ids, finished, seed in outputs(family, named, parallel):
+        if not finished:
+            continue
+        text = fmt.tokenizer.decode(ids)
+        full = fmt.parse(text, TOOLS, named=named, forced=True).tool_calls
+        rng = random.Random(seed)
+        for cut in rng.sample(range(1, len(text)), min(30, len(text) - 1)):
+            parser = fmt.new_parser(TOOLS, named=named, forced=True)
+            calls = collect([parser.push(text[:cut])]).tool_calls
+            case = f"seed={seed} cut={cut} text={text!r}"
+            assert len(calls) <= len(full), case
+            for got, want in zip(calls, full, strict=False):
+                assert got.name == want.name, case
+                assert want.arguments.startswith(got.arguments), case
 
 
 # ----- through the output processor ---------------------------------------------------
