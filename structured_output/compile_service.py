@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: a compile still under way is reported this often, in seconds
+PROGRESS_S = 5.0
+
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -331,7 +334,7 @@ class CompileService:
             except OSError:
                 reply = None
             else:
-                reply = worker.read(deadline - time.monotonic())
+                reply = self._await(worker, job, deadline)
             if reply is not None and reply.job_id == job_id:
                 return reply, worker
             # No reply before the deadline: its pipe closed, so it died. (poll() cannot
@@ -352,6 +355,25 @@ class CompileService:
                 return None, None
             worker = new
         return None, None
+
+    def _await(self, worker: _Worker, job: _Job, deadline: float) -> CompileReply | None:
+        """``worker``'s reply by ``deadline`` (None: none came, or it died), saying
+        every few seconds that a long compile is still under way."""
+        began = time.monotonic()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([worker.stdout], [], [], min(left, PROGRESS_S))
+            if ready:
+                return worker.read(0)
+            log.info(
+                "still compiling a %s of %d bytes after %.0f s (time limit %g s)",
+                job.spec.kind.value,
+                len(job.spec.value),
+                time.monotonic() - began,
+                self.timeout_s,
+            )
 
     def _dispatch(self) -> None:
         worker: _Worker | None = None
@@ -430,7 +452,10 @@ class CompileService:
                 self._finish(job, None, str(e))
             else:
                 grammar = GuardedGrammar.wrap(compiled.grammar, compiled.json_text)
-                self._finish(job, grammar, None, time.monotonic() - began)
+                took = time.monotonic() - began
+                if took >= PROGRESS_S:
+                    log.info("compiled a %s in %.1f s", job.spec.kind.value, took)
+                self._finish(job, grammar, None, took)
         return worker
 
 
