@@ -33,6 +33,11 @@ class EngineConfig:
     client_timeout_s: float = 10.0
     #: outgoing messages queued for a client that does not read, before it is dropped
     client_backlog: int = 10_000
+    #: weights and activations of a model directory: auto (bfloat16 on CUDA, else
+    #: float32), float32, bfloat16, float16, float64
+    dtype: str = "auto"
+    #: tokens a forward pass feeds at most; longer prompts are prefilled in chunks
+    max_num_batched_tokens: int = 2048
     script: str | None = None
     forward_ms: float = 0.0
     closing_bias: float = 3.0
@@ -121,6 +126,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.client_backlog,
         help="messages queued for a client that does not read before the engine drops it",
+    )
+    a(
+        "--dtype",
+        default=d.dtype,
+        choices=("auto", "float32", "bfloat16", "float16", "float64"),
+        help="of a model directory (auto: bfloat16 on CUDA, float32 elsewhere)",
+    )
+    a(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help="tokens one forward pass feeds at most: longer prompts are prefilled in chunks",
     )
     a("--script", default=None, help="script file of the scripted model")
     a("--forward-ms", type=float, default=d.forward_ms, help="fixed cost per forward (ms)")

@@ -57,6 +57,8 @@ class EngineCore:
                 closing_bias=config.closing_bias,
                 ending_texts=list(config.ending_texts),
                 script=config.script,
+                dtype=config.dtype,
+                max_num_batched_tokens=config.max_num_batched_tokens,
             ),
         )
         if self.runner.vocab_rows != tokenizer.vocab_rows:
@@ -244,7 +246,14 @@ class EngineCore:
         batch = self.running
         if not batch:
             return out
-        forward = self._model_thread.submit(self.runner.forward, batch)
+        plan = self.runner.plan(batch)
+        forward = self._model_thread.submit(self.runner.forward, plan)
+        if plan.ready is not None:  # the other rows are still prefilling their prompt
+            batch = [batch[i] for i in plan.ready]
+            if not batch:
+                forward.result()
+                self.num_steps += 1
+                return out
         cons, ok = self._prepare(batch, out)
         sb = self._sampling_batch(batch)  # while the forward pass runs, like _prepare
         logits = forward.result()

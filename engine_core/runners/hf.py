@@ -1,55 +1,299 @@
-"""A Hugging Face causal LM from a local directory, with KV-cached incremental decoding."""
+"""A Hugging Face causal LM from a local directory, run as one batch.
+
+Every step is one forward pass over the whole running batch: each decoding row feeds
+its new tokens (one after a sampled step, several after appended tokens, plus any
+drafts), and rows still prefilling their prompt feed a chunk of it within a token
+budget (``max_num_batched_tokens``, decoding rows first), so that a long prompt does
+not stall the others. Every row keeps its keys and values in its own slot of a
+`SlotKVCache`; rows join and leave at any step without touching the others' slots.
+
+transformers supplies the model, its weights and every layer but attention, which
+`hf_cache.slot_attention` replaces (through transformers' attention interface): the
+model's own code runs, so any decoder-only architecture that uses that interface
+(Llama, Qwen2/3, Mistral without a sliding window, ...) works unchanged.
+"""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .base import ModelRunner, RunnerOptions, RunnerRow
+from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow
+from .hf_cache import ATTENTION, BATCHED_QUERY_MAX, PassLayout, SlotKVCache
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+#: config fields that make logits more than ``hidden @ lm_head.T`` (when not neutral)
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}: use auto or one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+@dataclass(slots=True)
+class _Row:
+    slot: int
+    #: positions held in the slot: the row's first ``cached`` tokens
+    cached: int = 0
 
 
 class HFRunner(ModelRunner):
-    """Loads ``path`` with transformers (``local_files_only``: nothing is downloaded).
-    Each request keeps its own cache; a row's first forward is its prompt's prefill,
-    every later one feeds just the newest token."""
+    """Loads ``path`` with transformers (``local_files_only``: nothing is downloaded)."""
+
+    multi_token = True
 
     def __init__(self, tokenizer, options: RunnerOptions, path: str) -> None:
         super().__init__(tokenizer, options)
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         if not Path(path, "config.json").is_file():
             raise FileNotFoundError(f"{path!r} is not a model directory (no config.json)")
+        if options.max_num_batched_tokens < options.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({options.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({options.max_num_seqs}): every decoding row feeds a token"
+            )
+        self.dtype = resolve_dtype(options.dtype, self.device)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        _check_supported(config, path)
         torch.manual_seed(options.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-        self.model.to(self.device).eval()
-        rows = int(self.model.config.vocab_size)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=self.dtype)
+        if not getattr(model, "_supports_attention_backend", False):
+            raise ValueError(
+                f"{type(model).__name__} does not run its attention through transformers' "
+                "attention interface: the batched runner cannot drive it"
+            )
+        model.set_attn_implementation(ATTENTION)
+        self.model = model.to(self.device).eval()
+        self.base = model.base_model
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(model).__name__} has no output embeddings (lm_head)")
+        self._head_weight = head.weight
+        self._head_bias = getattr(head, "bias", None)
+        rows = int(model.config.vocab_size)
         if rows < tokenizer.num_tokens:
             raise ValueError(
                 f"model has {rows} vocabulary rows, its tokenizer {tokenizer.num_tokens} tokens"
             )
         self.vocab_rows = rows
-        self._cache: dict[str, tuple[object, int]] = {}
+        cfg = model.config.get_text_config()
+        heads = cfg.num_attention_heads
+        self.cache = SlotKVCache(
+            layers=cfg.num_hidden_layers,
+            kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            dtype=self.dtype,
+            device=self.device,
+            max_slots=options.max_num_seqs,
+        )
+        self._rows: dict[int, _Row] = {}  # id(row) -> its slot and length
+        self._free: list[int] = []  # freed slots, a heap: the lowest is reused first
+        self._next_slot = 0
         self._out = torch.empty(
             (options.max_num_seqs, rows), dtype=torch.float32, device=self.device
         )
 
+    # ----- rows in and out ---------------------------------------------------------
+
+    def add(self, row: RunnerRow) -> None:
+        if self._free:
+            slot = heapq.heappop(self._free)
+        else:
+            slot = self._next_slot
+            self._next_slot += 1
+        self._rows[id(row)] = _Row(slot)
+
     def remove(self, row: RunnerRow) -> None:
-        self._cache.pop(row.request_id, None)
+        st = self._rows.pop(id(row), None)
+        if st is not None:
+            heapq.heappush(self._free, st.slot)
+
+    def rollback(self, row: RunnerRow, k: int) -> None:
+        st = self._rows[id(row)]
+        if not 0 <= k <= st.cached:
+            raise ValueError(f"cannot roll back {k} of the {st.cached} positions held")
+        st.cached -= k
+
+    def held(self, row: RunnerRow) -> int:
+        """Positions the cache holds for ``row``."""
+        return self._rows[id(row)].cached
+
+    # ----- one step ----------------------------------------------------------------
+
+    def plan(
+        self, rows: Sequence[RunnerRow], drafts: Sequence[Sequence[int]] | None = None
+    ) -> ForwardBatch:
+        """Decoding rows feed all their unseen tokens (and drafts); what is left of the
+        token budget goes to rows prefilling their prompt, first come first served. A
+        prefilling row is ready once this pass reaches the end of its prompt."""
+        n = len(rows)
+        feed = [0] * n
+        prefilling: list[int] = []
+        used = 0
+        for i, r in enumerate(rows):
+            st = self._rows[id(r)]
+            unseen = len(r.prompt_token_ids) + len(r.output_ids) - st.cached
+            if unseen <= 0:  # nothing new: feed the last token again for its logits
+                st.cached -= 1
+                unseen = 1
+            if st.cached >= len(r.prompt_token_ids):
+                feed[i] = unseen
+                used += unseen + (len(drafts[i]) if drafts is not None else 0)
+            else:
+                prefilling.append(i)
+        if not prefilling:
+            return ForwardBatch(rows, drafts=drafts, feed=feed)
+        left = max(0, self.options.max_num_batched_tokens - used)
+        waiting: set[int] = set()
+        for i in prefilling:
+            r = rows[i]
+            unseen = len(r.prompt_token_ids) + len(r.output_ids) - self._rows[id(r)].cached
+            feed[i] = min(unseen, left)
+            left -= feed[i]
+            if feed[i] < unseen:
+                waiting.add(i)
+                if drafts is not None and drafts[i]:
+                    raise ValueError("a row still prefilling its prompt takes no drafts")
+        ready = [i for i in range(n) if i not in waiting] if waiting else None
+        return ForwardBatch(rows, ready=ready, drafts=drafts, feed=feed)
 
     @torch.inference_mode()
-    def forward(self, rows: Sequence[RunnerRow]) -> torch.Tensor:
-        out = self._out[: len(rows)]
-        for i, r in enumerate(rows):
-            ids = r.prompt_token_ids + r.output_ids
-            past, seen = self._cache.get(r.request_id, (None, 0))
-            new = ids[seen:] if past is not None else ids
-            inp = torch.tensor([new], dtype=torch.long, device=self.device)
-            res = self.model(input_ids=inp, past_key_values=past, use_cache=True)
-            self._cache[r.request_id] = (res.past_key_values, len(ids))
-            out[i] = res.logits[0, -1].float()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if batch.feed is None:
+            batch = self.plan(batch.rows, batch.drafts)
+        ids, layout, logit_at = self._layout(batch)
+        hidden = self.base(
+            input_ids=ids[None],
+            position_ids=layout.pos[None],
+            use_cache=False,
+            thinkgate_pass=(self.cache, layout),
+        ).last_hidden_state[0]
+        picked = hidden.index_select(0, logit_at)
+        n = picked.shape[0]
+        if n > self._out.shape[0]:
+            self._out = torch.empty((n, self.vocab_rows), dtype=torch.float32, device=self.device)
+        out = self._out[:n]
+        if picked.dtype == torch.float32:
+            torch.matmul(picked, self._head_weight.t(), out=out)
+        else:
+            out.copy_(torch.matmul(picked, self._head_weight.t()))
+        if self._head_bias is not None:
+            out += self._head_bias.float()
         return out
 
+    def _layout(self, batch: ForwardBatch) -> tuple[torch.Tensor, PassLayout, torch.Tensor]:
+        """The pass's packed token ids, their layout and the packed indices whose hidden
+        states give logits; advances each row's held length."""
+        rows, drafts, feed = batch.rows, batch.drafts, batch.feed
+        assert feed is not None
+        ready = set(range(len(rows)) if batch.ready is None else batch.ready)
+        ids: list[int] = []
+        slots: list[int] = []
+        pos: list[int] = []
+        logit_at: list[int] = []
+        short: list[tuple[int, int, int, int]] = []  # slot, first token, count, position
+        long_rows: list[tuple[int, int, int, int]] = []
+        top_slot = 0
+        top_len = 0
+        for i, r in enumerate(rows):
+            st = self._rows[id(r)]
+            p0 = st.cached
+            plen = len(r.prompt_token_ids)
+            f = feed[i]
+            t0 = len(ids)
+            if f == 1 and p0 >= plen:
+                ids.append(r.output_ids[p0 - plen])
+            elif p0 + f <= plen:
+                ids += r.prompt_token_ids[p0 : p0 + f]
+            else:
+                if p0 < plen:
+                    ids += r.prompt_token_ids[p0:]
+                ids += r.output_ids[max(0, p0 - plen) : p0 + f - plen]
+            d = drafts[i] if drafts is not None else ()
+            if d:
+                ids += d
+            c = len(ids) - t0
+            if not c:
+                continue
+            st.cached = p0 + c
+            slots += [st.slot] * c
+            pos += range(p0, p0 + c)
+            if i in ready:
+                logit_at += range(len(ids) - 1 - len(d), len(ids))
+            if c <= BATCHED_QUERY_MAX:
+                short.append((st.slot, t0, c, p0))
+                top_slot = max(top_slot, st.slot + 1)
+                top_len = max(top_len, p0 + c)
+            else:
+                long_rows.append((st.slot, t0, t0 + c, p0))
+        self.cache.ensure(
+            max(top_slot, max((s for s, *_ in long_rows), default=-1) + 1),
+            max(top_len, max((p + t1 - t0 for _, t0, t1, p in long_rows), default=0)),
+        )
+        dev = self.device
+        layout = PassLayout(
+            slot=torch.tensor(slots, dtype=torch.long, device=dev),
+            pos=torch.tensor(pos, dtype=torch.long, device=dev),
+            b_tok=None,
+            b_slot=None,
+            b_qi=None,
+            b_lim=None,
+            b_slots=top_slot,
+            b_queries=0,
+            b_len=top_len,
+            long_rows=long_rows,
+        )
+        if short:
+            tok: list[int] = []
+            b_slot: list[int] = []
+            b_qi: list[int] = []
+            for slot, t0, c, _ in short:
+                tok += range(t0, t0 + c)
+                b_slot += [slot] * c
+                b_qi += range(c)
+            layout.b_tok = torch.tensor(tok, dtype=torch.long, device=dev)
+            layout.b_slot = torch.tensor(b_slot, dtype=torch.long, device=dev)
+            layout.b_qi = torch.tensor(b_qi, dtype=torch.long, device=dev)
+            layout.b_queries = max(c for _, _, c, _ in short)
+            # query i of a row sees its positions up to its own; padding sees position 0
+            lim = torch.ones((top_slot, layout.b_queries), dtype=torch.long, device=dev)
+            lim[layout.b_slot, layout.b_qi] = layout.pos[layout.b_tok] + 1
+            layout.b_lim = lim
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        return ids_t, layout, torch.tensor(logit_at, dtype=torch.long, device=dev)
+
     def close(self) -> None:
-        self._cache.clear()
+        self._rows.clear()
+
+
+def _check_supported(config, path: str) -> None:
+    """Refuse, with the reason, a model whose forward pass this runner would get wrong."""
+    text = config.get_text_config()
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise ValueError(
+            f"{path}: layers of kind {', '.join(sorted(kinds - {'full_attention'}))} are not "
+            "supported by the batched runner (full attention only)"
+        )
+    window = getattr(text, "sliding_window", None)
+    if window is not None and getattr(text, "use_sliding_window", True):
+        raise ValueError(f"{path}: sliding-window attention is not supported")
+    for name in _LOGIT_TRANSFORMS:
+        v = getattr(text, name, None)
+        if v not in (None, 1, 1.0):
+            raise ValueError(f"{path}: {name}={v} is not supported (logits must be a plain head)")

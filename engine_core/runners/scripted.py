@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import ModelRunner, RunnerOptions, RunnerRow, closing_bias
+from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow, closing_bias
 from .random_logits import POOL_ROWS, _mix
 
 SCRIPT_BONUS = 40.0
@@ -63,7 +63,8 @@ class ScriptedRunner(ModelRunner):
     def remove(self, row: RunnerRow) -> None:
         self._scripts.pop(row.request_id, None)
 
-    def forward(self, rows: Sequence[RunnerRow]) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        rows = batch.rows
         n = len(rows)
         idx = torch.tensor([_mix(r.model_seed, len(r.output_ids)) % POOL_ROWS for r in rows])
         out = self._out[:n]
