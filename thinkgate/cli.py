@@ -1,4 +1,4 @@
-"""The ``thinkgate`` command: ``demo``, ``serve`` and ``bench``."""
+"""The ``thinkgate`` command: ``demo``, ``serve``, ``bench`` and ``make-model``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub.add_parser("serve", help="run the engine-core process", add_help=False)
     sub.add_parser("bench", help="measure bitmask fill, apply+sample, end to end", add_help=False)
+    sub.add_parser("make-model", help="write a small random-weight model directory", add_help=False)
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.cli import main as bench
 
         return bench(rest)
+    if command == "make-model":
+        from .make_model import main as make_model
+
+        return make_model(rest)
     parser.parse_args(argv)  # reports the unknown command
     return 2
 

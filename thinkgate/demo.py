@@ -6,6 +6,10 @@ to write for each prompt, and the engine's grammar decides what it may write. Th
 front end uses the ``qwen3`` reasoning parser and the ``hermes`` tool-call format.
 For each request the demo prints the request in one line, then the reasoning, the
 content, the tool calls, the finish reason and the usage of the response.
+
+With ``--model DIR`` the same requests go to a local model directory (one that
+``thinkgate make-model`` writes, say) with its own tokenizer and chat template, each
+answer capped at ``--max-tokens``.
 """
 
 from __future__ import annotations
@@ -249,24 +253,39 @@ async def _demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="thinkgate-demo-") as tmp:
         script = args.script
-        if script is None:
-            script = str(Path(tmp) / "script.json")
-            Path(script).write_text(json.dumps(SCRIPT), encoding="utf-8")
-        print(
-            "thinkgate demo: spawning the engine with the SCRIPTED model (no weights, nothing "
-            "downloaded) on the bundled Qwen3 vocabulary;\nreasoning parser qwen3, tool-call "
-            f"parser hermes; script: {'embedded' if args.script is None else args.script}. The "
-            "script says what the model wants to write;\nthe grammar says what it may."
-        )
-        config = EngineConfig(
-            model="scripted",
-            tokenizer="qwen3",
-            script=script,
-            reasoning_parser="qwen3",
-            device="cpu",
-            compile_workers=1,
-            log_level="WARNING",
-        )
+        if args.model is not None:
+            print(
+                f"thinkgate demo: spawning the engine with the model in {args.model} (its own "
+                "tokenizer and chat template);\nreasoning parser qwen3, tool-call parser "
+                f"hermes; at most {args.max_tokens} tokens per answer. What the model writes is "
+                "its own;\nthe grammar says what it may."
+            )
+            config = EngineConfig(
+                model=args.model,
+                reasoning_parser="qwen3",
+                device=args.device,
+                compile_workers=1,
+                log_level="WARNING",
+            )
+        else:
+            if script is None:
+                script = str(Path(tmp) / "script.json")
+                Path(script).write_text(json.dumps(SCRIPT), encoding="utf-8")
+            print(
+                "thinkgate demo: spawning the engine with the SCRIPTED model (no weights, nothing "
+                "downloaded) on the bundled Qwen3 vocabulary;\nreasoning parser qwen3, tool-call "
+                f"parser hermes; script: {'embedded' if args.script is None else args.script}. "
+                "The script says what the model wants to write;\nthe grammar says what it may."
+            )
+            config = EngineConfig(
+                model="scripted",
+                tokenizer="qwen3",
+                script=script,
+                reasoning_parser="qwen3",
+                device="cpu",
+                compile_workers=1,
+                log_level="WARNING",
+            )
         try:
             client = await EngineClient.spawn(config)
         except EngineStartError as e:
@@ -287,6 +306,8 @@ async def _demo(args: argparse.Namespace) -> int:
             )
             ok = True
             for n, (title, body) in enumerate(CASES, 1):
+                if args.model is not None:
+                    body = dict(body, max_tokens=args.max_tokens)
                 ok = await _run_case(frontend, title, body, n) and ok
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -305,6 +326,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="a script file of your own (see engine_core/runners/scripted.py)",
     )
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="a local model directory instead of the scripted model (thinkgate make-model "
+        "writes one)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=96,
+        help="per answer, with --model (default 96)",
+    )
+    parser.add_argument("--device", default="auto", help="with --model: cpu | cuda | auto")
     parser.add_argument(
         "--tool-parser-plugin",
         default=None,
