@@ -1,6 +1,6 @@
-"""``thinkgate bench fill|apply|e2e|latency``: measure the engine's structured-output
-paths side by side with the usual way, and the engine process around the model. See
-bench/README.md."""
+"""``thinkgate bench fill|apply|e2e|throughput|latency``: measure the engine's
+structured-output paths side by side with the usual way, the engine process around the
+model, and its throughput against transformers. See bench/README.md."""
 
 from __future__ import annotations
 
@@ -87,17 +87,34 @@ def parser() -> argparse.ArgumentParser:
     _pairs(p)
     p = sub.add_parser(
         "e2e",
-        help="the engine process with the random model: step time and "
-        "structured-output overhead per request mix",
+        help="the engine process with the random model or a model directory: step time, "
+        "tokens/s and the structured-output share per request mix",
     )
     _common(p, iters=100, warmup=20)
     p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="a model directory run by the batched runner (default: the random model)",
+    )
+    p.add_argument("--dtype", default="auto", help="of --model (default auto)")
+    p.add_argument(
         "--engine-torch-threads", type=int, help="torch intra-op threads of the engine process"
     )
-    p.add_argument("--max-tokens", type=int, default=4096, help="of each request (default 4096)")
-    p.add_argument("--batch-size", type=int, default=256, help="running rows (default 256)")
     p.add_argument(
-        "--forward-ms", type=float, default=20.0, help="fixed cost per forward (default 20)"
+        "--max-tokens",
+        type=int,
+        help="of each request (default 4096; 384 with --model, whose attention grows with it)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        type=_ints,
+        help="running rows, one engine each (default 256; 1,32,128,256 with --model)",
+    )
+    p.add_argument(
+        "--forward-ms",
+        type=float,
+        default=20.0,
+        help="fixed cost per forward of the random model (default 20)",
     )
     p.add_argument(
         "--constrained",
@@ -110,6 +127,31 @@ def parser() -> argparse.ArgumentParser:
         type=lambda s: [x == "1" for x in s.split(",")],
         default=[False, True],
         help="0,1: without and with half of the requests thinking (default both)",
+    )
+    p.add_argument(
+        "--grammars",
+        type=_names(states.GRAMMARS),
+        default=list(states.GRAMMARS),
+        help="constrained requests take these in turn",
+    )
+    p = sub.add_parser(
+        "throughput",
+        help="tokens/s of the engine against transformers' generate (padded batches, "
+        "continuous batching, xgrammar's logits processor) on one model directory",
+    )
+    _common(p, iters=3, warmup=1)
+    p.add_argument("--model", metavar="DIR", required=True, help="a model directory")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    p.add_argument("--requests", type=int, default=64, help="prompts per run (default 64)")
+    p.add_argument("--batch-size", type=int, default=32, help="running rows (default 32)")
+    p.add_argument("--new-tokens", type=int, default=64, help="per request (default 64)")
+    p.add_argument("--min-prompt", type=int, default=24, help="prompt tokens (default 24)")
+    p.add_argument("--max-prompt", type=int, default=96, help="prompt tokens (default 96)")
+    p.add_argument(
+        "--modes",
+        type=_names(("unconstrained", "constrained")),
+        default=["unconstrained", "constrained"],
+        help="unconstrained,constrained (default both)",
     )
     p.add_argument(
         "--grammars",
@@ -160,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         print(e2e.table(records))
         if args.plot:
             e2e.plot(records, args.plot)
+    elif args.bench == "throughput":
+        from . import throughput
+
+        records = throughput.run(args)
+        print(throughput.table(records))
+        if args.plot:
+            throughput.plot(records, args.plot)
     else:
         if args.bench == "fill":
             from .fill import run

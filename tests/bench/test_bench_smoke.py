@@ -40,7 +40,7 @@ def test_e2e(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     args = [
         "e2e",
-        "--batch-size",
+        "--batch-sizes",
         "8",
         "--iters",
         "4",
@@ -72,6 +72,8 @@ def test_cuda_skips_cleanly_without_cuda(capsys):
     for bench in ("fill", "apply", "e2e", "latency"):
         assert main([bench, "--device", "cuda"]) == 0
         assert "skipped" in capsys.readouterr().out
+    assert main(["throughput", "--device", "cuda", "--model", "unused"]) == 0
+    assert "skipped" in capsys.readouterr().out
 
 
 def test_latency(tmp_path, capsys):
