@@ -88,6 +88,7 @@ def make_model(
     with the bundled vocabulary as the tokenizer)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from tokenization import BUNDLED, load_bundled
 
@@ -102,6 +103,7 @@ def make_model(
         vocab=vocab,
     )
     root.mkdir(parents=True, exist_ok=True)
+    hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(root)

@@ -59,6 +59,9 @@ class HFRunner(ModelRunner):
     def __init__(self, tokenizer, options: RunnerOptions, path: str) -> None:
         super().__init__(tokenizer, options)
         from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no bars on the engine's stderr
 
         if not Path(path, "config.json").is_file():
             raise FileNotFoundError(f"{path!r} is not a model directory (no config.json)")
@@ -142,6 +145,8 @@ class HFRunner(ModelRunner):
         token budget goes to rows prefilling their prompt, first come first served. A
         prefilling row is ready once this pass reaches the end of its prompt."""
         n = len(rows)
+        if drafts is not None and len(drafts) != n:
+            raise ValueError(f"{len(drafts)} drafts for {n} rows")
         feed = [0] * n
         prefilling: list[int] = []
         used = 0
@@ -158,7 +163,8 @@ class HFRunner(ModelRunner):
                 prefilling.append(i)
         if not prefilling:
             return ForwardBatch(rows, drafts=drafts, feed=feed)
-        left = max(0, self.options.max_num_batched_tokens - used)
+        # at least one token, so that prefilling goes on whatever the drafts take
+        left = max(1, self.options.max_num_batched_tokens - used)
         waiting: set[int] = set()
         for i in prefilling:
             r = rows[i]
@@ -198,87 +204,139 @@ class HFRunner(ModelRunner):
 
     def _layout(self, batch: ForwardBatch) -> tuple[torch.Tensor, PassLayout, torch.Tensor]:
         """The pass's packed token ids, their layout and the packed indices whose hidden
-        states give logits; advances each row's held length."""
+        states give logits; advances each row's held length. The index lists go to the
+        device as one tensor."""
         rows, drafts, feed = batch.rows, batch.drafts, batch.feed
         assert feed is not None
-        ready = set(range(len(rows)) if batch.ready is None else batch.ready)
+        states = self._rows
+        if drafts is None and batch.ready is None and feed.count(1) == len(feed):
+            sts = [states[id(r)] for r in rows]
+            if all(st.cached >= len(r.prompt_token_ids) for st, r in zip(sts, rows, strict=True)):
+                return self._decode_layout(rows, sts)
+        ready = None if batch.ready is None else set(batch.ready)
         ids: list[int] = []
         slots: list[int] = []
         pos: list[int] = []
         logit_at: list[int] = []
-        short: list[tuple[int, int, int, int]] = []  # slot, first token, count, position
+        b_tok: list[int] = []  # the tokens attended together, their slot and query index
+        b_slot: list[int] = []
+        b_qi: list[int] = []
+        b_queries = 0
         long_rows: list[tuple[int, int, int, int]] = []
-        top_slot = 0
-        top_len = 0
+        top_slot = top_len = 0  # of the rows attended together
         for i, r in enumerate(rows):
-            st = self._rows[id(r)]
-            p0 = st.cached
+            st = states[id(r)]
+            p0, f, slot = st.cached, feed[i], st.slot
             plen = len(r.prompt_token_ids)
-            f = feed[i]
+            d = drafts[i] if drafts is not None else ()
             t0 = len(ids)
-            if f == 1 and p0 >= plen:
+            if f == 1 and not d and p0 >= plen:  # decoding: one new token, the usual case
                 ids.append(r.output_ids[p0 - plen])
-            elif p0 + f <= plen:
+                slots.append(slot)
+                pos.append(p0)
+                st.cached = p0 + 1
+                if ready is None or i in ready:
+                    logit_at.append(t0)
+                b_tok.append(t0)
+                b_slot.append(slot)
+                b_qi.append(0)
+                b_queries = max(b_queries, 1)
+                top_slot = max(top_slot, slot + 1)
+                top_len = max(top_len, p0 + 1)
+                continue
+            if p0 + f <= plen:
                 ids += r.prompt_token_ids[p0 : p0 + f]
             else:
                 if p0 < plen:
                     ids += r.prompt_token_ids[p0:]
                 ids += r.output_ids[max(0, p0 - plen) : p0 + f - plen]
-            d = drafts[i] if drafts is not None else ()
-            if d:
-                ids += d
+            ids += d
             c = len(ids) - t0
             if not c:
                 continue
             st.cached = p0 + c
-            slots += [st.slot] * c
+            slots += [slot] * c
             pos += range(p0, p0 + c)
-            if i in ready:
+            if ready is None or i in ready:
                 logit_at += range(len(ids) - 1 - len(d), len(ids))
             if c <= BATCHED_QUERY_MAX:
-                short.append((st.slot, t0, c, p0))
-                top_slot = max(top_slot, st.slot + 1)
+                b_tok += range(t0, t0 + c)
+                b_slot += [slot] * c
+                b_qi += range(c)
+                b_queries = max(b_queries, c)
+                top_slot = max(top_slot, slot + 1)
                 top_len = max(top_len, p0 + c)
             else:
-                long_rows.append((st.slot, t0, t0 + c, p0))
+                long_rows.append((slot, t0, t0 + c, p0))
         self.cache.ensure(
-            max(top_slot, max((s for s, *_ in long_rows), default=-1) + 1),
-            max(top_len, max((p + t1 - t0 for _, t0, t1, p in long_rows), default=0)),
+            max([top_slot] + [s + 1 for s, *_ in long_rows]),
+            max([top_len] + [p + t1 - t0 for _, t0, t1, p in long_rows]),
         )
-        dev = self.device
+        n, nb = len(ids), len(b_tok)
+        packed = torch.tensor(
+            ids + slots + pos + b_tok + b_slot + b_qi + logit_at, dtype=torch.long
+        ).to(self.device, non_blocking=True)
+        ids_t, slot_t, pos_t = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
+        tok_t = packed[3 * n : 3 * n + nb]
+        bslot_t = packed[3 * n + nb : 3 * n + 2 * nb]
+        bqi_t = packed[3 * n + 2 * nb : 3 * n + 3 * nb]
         layout = PassLayout(
-            slot=torch.tensor(slots, dtype=torch.long, device=dev),
-            pos=torch.tensor(pos, dtype=torch.long, device=dev),
-            b_tok=None,
-            b_slot=None,
-            b_qi=None,
+            slot=slot_t,
+            pos=pos_t,
+            b_tok=tok_t if nb else None,
+            b_slot=bslot_t if nb else None,
+            b_qi=bqi_t if nb else None,
             b_lim=None,
             b_slots=top_slot,
-            b_queries=0,
+            b_queries=b_queries,
             b_len=top_len,
             long_rows=long_rows,
         )
-        if short:
-            tok: list[int] = []
-            b_slot: list[int] = []
-            b_qi: list[int] = []
-            for slot, t0, c, _ in short:
-                tok += range(t0, t0 + c)
-                b_slot += [slot] * c
-                b_qi += range(c)
-            layout.b_tok = torch.tensor(tok, dtype=torch.long, device=dev)
-            layout.b_slot = torch.tensor(b_slot, dtype=torch.long, device=dev)
-            layout.b_qi = torch.tensor(b_qi, dtype=torch.long, device=dev)
-            layout.b_queries = max(c for _, _, c, _ in short)
+        if nb:
             # query i of a row sees its positions up to its own; padding sees position 0
-            lim = torch.ones((top_slot, layout.b_queries), dtype=torch.long, device=dev)
-            lim[layout.b_slot, layout.b_qi] = layout.pos[layout.b_tok] + 1
+            lim = torch.ones((top_slot, b_queries), dtype=torch.long, device=self.device)
+            lim[bslot_t, bqi_t] = pos_t[tok_t] + 1
             layout.b_lim = lim
-        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
-        return ids_t, layout, torch.tensor(logit_at, dtype=torch.long, device=dev)
+        return ids_t, layout, packed[3 * n + 3 * nb :]
+
+    def _decode_layout(
+        self, rows: Sequence[RunnerRow], sts: list[_Row]
+    ) -> tuple[torch.Tensor, PassLayout, torch.Tensor]:
+        """`_layout` of a pass in which every row decodes one token (the steady state),
+        with a few list comprehensions instead of the general per-row loop."""
+        n = len(rows)
+        pos = [st.cached for st in sts]
+        ids = [r.output_ids[p - len(r.prompt_token_ids)] for r, p in zip(rows, pos, strict=True)]
+        slots = [st.slot for st in sts]
+        for st in sts:
+            st.cached += 1
+        top_slot, top_len = max(slots) + 1, max(pos) + 1
+        self.cache.ensure(top_slot, top_len)
+        packed = torch.tensor(ids + slots + pos, dtype=torch.long).to(
+            self.device, non_blocking=True
+        )
+        slot_t, pos_t = packed[n : 2 * n], packed[2 * n :]
+        at = torch.arange(n, device=self.device)
+        lim = torch.ones((top_slot, 1), dtype=torch.long, device=self.device)
+        lim[slot_t, 0] = pos_t + 1
+        layout = PassLayout(
+            slot=slot_t,
+            pos=pos_t,
+            b_tok=at,
+            b_slot=slot_t,
+            b_qi=torch.zeros(n, dtype=torch.long, device=self.device),
+            b_lim=lim,
+            b_slots=top_slot,
+            b_queries=1,
+            b_len=top_len,
+            long_rows=[],
+        )
+        return packed[:n], layout, at
 
     def close(self) -> None:
         self._rows.clear()
+        self.cache.keys.clear()
+        self.cache.values.clear()
 
 
 def _check_supported(config, path: str) -> None:
