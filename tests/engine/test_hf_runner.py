@@ -40,14 +40,36 @@ def tok():
     return load_tokenizer("qwen3")
 
 
-@pytest.fixture(scope="module", params=ARCHS)
-def model_dir(request, tmp_path_factory):
-    return build_model(tmp_path_factory.mktemp(request.param) / "m", request.param, seed=3)
+#: every architecture in the default run
+EVERY_ARCH = pytest.mark.parametrize("arch", ARCHS)
+#: qwen3 in the default run, the others with ``-m slow``
+QWEN3_FIRST = pytest.mark.parametrize(
+    "arch", [pytest.param(a, marks=[pytest.mark.slow] if a != "qwen3" else []) for a in ARCHS]
+)
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir):
-    return load_reference(model_dir)
+def models(tmp_path_factory):
+    """arch -> (model directory, transformers' float64 reference), built once."""
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            path = build_model(tmp_path_factory.mktemp(arch) / "m", arch, seed=3)
+            made[arch] = (path, load_reference(path))
+        return made[arch]
+
+    return get
+
+
+@pytest.fixture
+def model_dir(models, arch):
+    return models(arch)[0]
+
+
+@pytest.fixture
+def reference(models, arch):
+    return models(arch)[1]
 
 
 def _runner(tok, model_dir, dtype="float64", **kw) -> HFRunner:
@@ -88,6 +110,7 @@ LARGE = (
 )
 
 
+@EVERY_ARCH
 @pytest.mark.parametrize(
     "scale",
     [pytest.param(SMALL, id="small"), pytest.param(LARGE, id="large", marks=pytest.mark.slow)],
@@ -127,6 +150,7 @@ def test_batch_matches_generate(tok, model_dir, reference, scale):
         assert out == ref, f"row {j} (prompt of {lengths[j]} tokens)"
 
 
+@QWEN3_FIRST
 def test_drafts_give_logits_per_token_and_roll_back(tok, model_dir, reference):
     prompts = _prompts(5, [7, 20, 4])
     refs = [reference_generate(reference, p, 16) for p in prompts]
@@ -167,6 +191,7 @@ def test_drafts_give_logits_per_token_and_roll_back(tok, model_dir, reference):
     assert [r.output_ids[:16] for r in rows] == refs
 
 
+@QWEN3_FIRST
 @pytest.mark.parametrize("appended", [3, 20])  # short and long (attended alone)
 def test_appended_tokens_are_fed_at_once(tok, model_dir, reference, appended):
     """Tokens appended without sampling (what the grammar forces) are fed in the next
@@ -187,6 +212,7 @@ def test_appended_tokens_are_fed_at_once(tok, model_dir, reference, appended):
     assert rows[1].output_ids == refs[1][: len(rows[1].output_ids)]
 
 
+@QWEN3_FIRST
 def test_float32_stays_within_bound(tok, model_dir):
     """float32, as the engine runs on a CPU: fed the reference's own tokens, the batched
     logits stay within 1e-4 of those of transformers' one-sequence ``generate``, and the
