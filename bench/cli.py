@@ -141,6 +141,9 @@ def parser() -> argparse.ArgumentParser:
     )
     _common(p, iters=3, warmup=1)
     p.add_argument("--model", metavar="DIR", required=True, help="a model directory")
+    p.add_argument(
+        "--engine-torch-threads", type=int, help="torch intra-op threads of the engine process"
+    )
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     p.add_argument("--requests", type=int, default=64, help="prompts per run (default 64)")
     p.add_argument("--batch-size", type=int, default=32, help="running rows (default 32)")

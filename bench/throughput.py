@@ -103,7 +103,18 @@ class _Engines:
                 seed=self.args.seed,
                 log_level="WARNING",
             )
-            self.clients[batch] = await EngineClient.spawn(config, startup_timeout_s=600)
+            threads = self.args.engine_torch_threads
+            saved = os.environ.get("OMP_NUM_THREADS")
+            if threads:  # the spawned engine's torch reads it at start
+                os.environ["OMP_NUM_THREADS"] = str(threads)
+            try:
+                self.clients[batch] = await EngineClient.spawn(config, startup_timeout_s=600)
+            finally:
+                if threads:
+                    if saved is None:
+                        os.environ.pop("OMP_NUM_THREADS", None)
+                    else:
+                        os.environ["OMP_NUM_THREADS"] = saved
         return self.clients[batch]
 
     async def close(self) -> None:
