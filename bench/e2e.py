@@ -115,11 +115,11 @@ async def _measure_mix(
 
     tasks = [asyncio.create_task(slot(i, c, t)) for i, (c, t) in enumerate(kinds)]
     try:
-        while (await client.health()).num_running < b:
+        while (await client.health(timeout_s=120)).num_running < b:
             await asyncio.sleep(0.05)
             _raise_failed(tasks)
-        start = (await client.health()).num_steps + args.warmup
-        while (h := await client.health()).num_steps < start + args.iters:
+        start = (await client.health(timeout_s=120)).num_steps + args.warmup
+        while (h := await client.health(timeout_s=120)).num_steps < start + args.iters:
             await asyncio.sleep(0.1)
             _raise_failed(tasks)
         end = h.num_steps
@@ -127,7 +127,7 @@ async def _measure_mix(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    while (h := await client.health()).num_running or h.num_waiting:
+    while (h := await client.health(timeout_s=120)).num_running or h.num_waiting:
         await asyncio.sleep(0.05)
     return start, end
 

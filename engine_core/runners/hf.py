@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow
-from .hf_cache import ATTENTION, BATCHED_QUERY_MAX, PassLayout, SlotKVCache
+from .hf_cache import ATTENTION, IN_PLACE_QUERY_MAX, PassLayout, QueryGroup, SlotKVCache
 
 DTYPES = {
     "float32": torch.float32,
@@ -218,32 +218,16 @@ class HFRunner(ModelRunner):
         slots: list[int] = []
         pos: list[int] = []
         logit_at: list[int] = []
-        b_tok: list[int] = []  # the tokens attended together, their slot and query index
-        b_slot: list[int] = []
-        b_qi: list[int] = []
-        b_queries = 0
-        long_rows: list[tuple[int, int, int, int]] = []
-        top_slot = top_len = 0  # of the rows attended together
+        # group key (0: in place; else the block's query size) -> the rows' (slot,
+        # first packed token, new tokens)
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        top_len = 0
         for i, r in enumerate(rows):
             st = states[id(r)]
             p0, f, slot = st.cached, feed[i], st.slot
             plen = len(r.prompt_token_ids)
             d = drafts[i] if drafts is not None else ()
             t0 = len(ids)
-            if f == 1 and not d and p0 >= plen:  # decoding: one new token, the usual case
-                ids.append(r.output_ids[p0 - plen])
-                slots.append(slot)
-                pos.append(p0)
-                st.cached = p0 + 1
-                if ready is None or i in ready:
-                    logit_at.append(t0)
-                b_tok.append(t0)
-                b_slot.append(slot)
-                b_qi.append(0)
-                b_queries = max(b_queries, 1)
-                top_slot = max(top_slot, slot + 1)
-                top_len = max(top_len, p0 + 1)
-                continue
             if p0 + f <= plen:
                 ids += r.prompt_token_ids[p0 : p0 + f]
             else:
@@ -257,47 +241,44 @@ class HFRunner(ModelRunner):
             st.cached = p0 + c
             slots += [slot] * c
             pos += range(p0, p0 + c)
+            top_len = max(top_len, p0 + c)
             if ready is None or i in ready:
                 logit_at += range(len(ids) - 1 - len(d), len(ids))
-            if c <= BATCHED_QUERY_MAX:
-                b_tok += range(t0, t0 + c)
-                b_slot += [slot] * c
-                b_qi += range(c)
-                b_queries = max(b_queries, c)
-                top_slot = max(top_slot, slot + 1)
-                top_len = max(top_len, p0 + c)
-            else:
-                long_rows.append((slot, t0, t0 + c, p0))
-        self.cache.ensure(
-            max([top_slot] + [s + 1 for s, *_ in long_rows]),
-            max([top_len] + [p + t1 - t0 for _, t0, t1, p in long_rows]),
-        )
-        n, nb = len(ids), len(b_tok)
-        packed = torch.tensor(
-            ids + slots + pos + b_tok + b_slot + b_qi + logit_at, dtype=torch.long
-        ).to(self.device, non_blocking=True)
-        ids_t, slot_t, pos_t = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
-        tok_t = packed[3 * n : 3 * n + nb]
-        bslot_t = packed[3 * n + nb : 3 * n + 2 * nb]
-        bqi_t = packed[3 * n + 2 * nb : 3 * n + 3 * nb]
-        layout = PassLayout(
-            slot=slot_t,
-            pos=pos_t,
-            b_tok=tok_t if nb else None,
-            b_slot=bslot_t if nb else None,
-            b_qi=bqi_t if nb else None,
-            b_lim=None,
-            b_slots=top_slot,
-            b_queries=b_queries,
-            b_len=top_len,
-            long_rows=long_rows,
-        )
-        if nb:
-            # query i of a row sees its positions up to its own; padding sees position 0
-            lim = torch.ones((top_slot, b_queries), dtype=torch.long, device=self.device)
-            lim[bslot_t, bqi_t] = pos_t[tok_t] + 1
-            layout.b_lim = lim
-        return ids_t, layout, packed[3 * n + 3 * nb :]
+            key = 0 if c <= IN_PLACE_QUERY_MAX else max(32, 1 << (c - 1).bit_length())
+            groups.setdefault(key, []).append((slot, t0, c))
+        self.cache.ensure(max(slots, default=-1) + 1, top_len)
+        # one host list, one copy to the device: ids, slots, positions, logit rows,
+        # then per group its tokens, block rows, query indices (and gathered slots)
+        host = ids + slots + pos + logit_at
+        n = len(ids)
+        spans = []
+        for key, members in groups.items():
+            tok: list[int] = []
+            row: list[int] = []
+            qi: list[int] = []
+            for j, (slot, t0, c) in enumerate(members):
+                tok += range(t0, t0 + c)
+                row += [slot if key == 0 else j] * c
+                qi += range(c)
+            spans.append((key, members, len(host), len(tok)))
+            host += tok + row + qi + ([] if key == 0 else [m[0] for m in members])
+        packed = torch.tensor(host, dtype=torch.long).to(self.device, non_blocking=True)
+        pos_t = packed[2 * n : 3 * n]
+        layout = PassLayout(slot=packed[n : 2 * n], pos=pos_t, groups=[])
+        for key, members, at, m in spans:
+            tok_t = packed[at : at + m]
+            row_t = packed[at + m : at + 2 * m]
+            qi_t = packed[at + 2 * m : at + 3 * m]
+            rows_n = max(slot for slot, _, _ in members) + 1 if key == 0 else len(members)
+            queries = max(c for _, _, c in members)
+            lim = torch.ones((rows_n, queries), dtype=torch.long, device=self.device)
+            lim[row_t, qi_t] = pos_t[tok_t] + 1  # padding queries see position 0
+            length = max(p + c for p, c in ((pos[t0], c) for _, t0, c in members))
+            gathered = None if key == 0 else packed[at + 3 * m : at + 3 * m + len(members)]
+            layout.groups.append(
+                QueryGroup(tok_t, row_t, qi_t, lim, rows_n, queries, length, gathered)
+            )
+        return packed[:n], layout, packed[3 * n : 3 * n + len(logit_at)]
 
     def _decode_layout(
         self, rows: Sequence[RunnerRow], sts: list[_Row]
@@ -319,18 +300,9 @@ class HFRunner(ModelRunner):
         at = torch.arange(n, device=self.device)
         lim = torch.ones((top_slot, 1), dtype=torch.long, device=self.device)
         lim[slot_t, 0] = pos_t + 1
-        layout = PassLayout(
-            slot=slot_t,
-            pos=pos_t,
-            b_tok=at,
-            b_slot=slot_t,
-            b_qi=torch.zeros(n, dtype=torch.long, device=self.device),
-            b_lim=lim,
-            b_slots=top_slot,
-            b_queries=1,
-            b_len=top_len,
-            long_rows=[],
-        )
+        zeros = torch.zeros(n, dtype=torch.long, device=self.device)
+        group = QueryGroup(at, slot_t, zeros, lim, top_slot, 1, top_len, None)
+        layout = PassLayout(slot=slot_t, pos=pos_t, groups=[group])
         return packed[:n], layout, at
 
     def close(self) -> None:

@@ -7,13 +7,15 @@ is, except for attention, which transformers lets us replace by name
 (`transformers.AttentionInterface`): `slot_attention` writes the pass's new keys and
 values into their rows' slots, then attends each query over its own row's slot.
 
-Rows with few new tokens (decoding, drafts, short prompts) are attended together:
-queries are scattered into a ``[slots, q, ...]`` block and scored against the slots as
-they lie in memory, one batched matmul for the whole batch, with a mask that lets
-query ``i`` of a row see its positions ``0 .. pos + i``. Rows with a long chunk (a
-prompt being prefilled) are attended one by one. Nothing reads another row's slot, and
-positions past a row's length are masked, so a row can roll back by forgetting its
-last positions.
+Rows are attended in groups, one batched computation each: a group's queries are
+scattered into a ``[rows, q, ...]`` block and scored against its rows' keys, with a mask
+that lets query ``i`` of a row see its positions ``0 .. pos + i``. Rows with few new
+tokens (decoding, drafts, short appended runs) form one group read in place: the block
+is indexed by slot, and the slots are scored as they lie in memory, so nothing is
+copied. Rows with longer chunks (prompts being prefilled) are grouped by size (up to 32,
+64, 128, ... new tokens) and their slots gathered, a copy that costs less than their
+attention. Nothing reads another row's slot, and positions past a row's length are
+masked, so a row can roll back by forgetting its last positions.
 
 Keys are stored transposed (``[slots, kv_heads, head_dim, capacity]``): the scores of
 a batch of single queries are then a plain batched matmul over contiguous rows, several
@@ -30,8 +32,27 @@ from transformers import AttentionInterface
 #: the name under which `slot_attention` is registered with transformers
 ATTENTION = "thinkgate_slots"
 
-#: rows with at most this many new tokens in a pass are attended together
-BATCHED_QUERY_MAX = 16
+#: rows with at most this many new tokens in a pass are attended in place, together
+IN_PLACE_QUERY_MAX = 16
+
+
+@dataclass(slots=True)
+class QueryGroup:
+    """Rows attended in one batched computation: their queries scattered into a block
+    of ``[rows, queries]``, scored against the rows' keys up to ``length``."""
+
+    #: packed indices of the group's tokens; for each, its row in the block and its
+    #: index among its row's new tokens ([Tg] each)
+    tok: torch.Tensor
+    row: torch.Tensor
+    qi: torch.Tensor
+    #: [rows, queries]: query i of block row r sees positions < lim[r, i]
+    lim: torch.Tensor
+    rows: int
+    queries: int
+    length: int
+    #: [rows] the slot of each block row; None: block row r is slot r, read in place
+    slots: torch.Tensor | None
 
 
 @dataclass(slots=True)
@@ -42,19 +63,7 @@ class PassLayout:
     #: [T] slot and position of each token
     slot: torch.Tensor
     pos: torch.Tensor
-    #: packed indices of the tokens attended together, their slot and their index
-    #: within their row's new tokens ([Tb] each)
-    b_tok: torch.Tensor | None
-    b_slot: torch.Tensor | None
-    b_qi: torch.Tensor | None
-    #: [b_slots, b_queries]: query i of slot s sees positions < b_lim[s, i]
-    b_lim: torch.Tensor | None
-    b_slots: int
-    b_queries: int
-    b_len: int
-    #: (slot, first packed token, end packed token, position of the first) of each row
-    #: attended alone
-    long_rows: list[tuple[int, int, int, int]]
+    groups: list[QueryGroup]
 
 
 class SlotKVCache:
@@ -140,29 +149,23 @@ class SlotKVCache:
         keys, values = self.keys[layer], self.values[layer]
         out = torch.empty((n, heads, d), dtype=query.dtype, device=query.device)
         qt = query[0].transpose(0, 1)  # [T, heads, d]
-        if at.b_tok is not None:
-            s, q, length = at.b_slots, at.b_queries, at.b_len
+        for grp in at.groups:
+            s, q, length = grp.rows, grp.queries, grp.length
+            if grp.slots is None:
+                k, v = keys[:s, :, :, :length], values[:s, :, :length]
+            else:
+                k = keys[:, :, :, :length].index_select(0, grp.slots)
+                v = values[:, :, :length].index_select(0, grp.slots)
             block = torch.zeros((s, q, heads, d), dtype=query.dtype, device=query.device)
-            block[at.b_slot, at.b_qi] = qt[at.b_tok]
+            block[grp.row, grp.qi] = qt[grp.tok]
             block = block.view(s, q, h, g, d).permute(0, 2, 3, 1, 4).reshape(s, h, g * q, d)
-            scores = torch.matmul(block, keys[:s, :, :, :length]).mul_(scaling)
-            hidden = self._arange[:length] >= at.b_lim[:, :, None]  # [s, q, length]
+            scores = torch.matmul(block, k).mul_(scaling)  # [s, h, g*q, length]
+            hidden = self._arange[:length] >= grp.lim[:, :, None]  # [s, q, length]
             scores.view(s, h, g, q, length).masked_fill_(hidden[:, None, None], float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-            res = torch.matmul(probs, values[:s, :, :length])  # [s, h, g*q, d]
+            res = torch.matmul(probs, v)  # [s, h, g*q, d]
             res = res.view(s, h, g, q, d).permute(0, 3, 1, 2, 4)  # [s, q, h, g, d]
-            out[at.b_tok] = res[at.b_slot, at.b_qi].reshape(-1, heads, d)
-        for slot, t0, t1, pos0 in at.long_rows:
-            c = t1 - t0
-            length = pos0 + c
-            block = query[0, :, t0:t1].reshape(h, g * c, d)
-            scores = torch.matmul(block, keys[slot, :, :, :length]).mul_(scaling)
-            lim = torch.arange(pos0 + 1, length + 1, device=query.device)
-            hidden = self._arange[:length] >= lim[:, None]  # [c, length]
-            scores.view(h, g, c, length).masked_fill_(hidden, float("-inf"))
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-            res = torch.matmul(probs, values[slot, :, :length])  # [h, g*c, d]
-            out[t0:t1] = res.view(h, g, c, d).permute(2, 0, 1, 3).reshape(c, heads, d)
+            out[grp.tok] = res[grp.row, grp.qi].reshape(-1, heads, d)
         return out.unsqueeze(0)
 
 
