@@ -1,4 +1,4 @@
-"""``thinkgate bench fill|apply|e2e|throughput|latency``: measure the engine's
+"""``thinkgate bench fill|apply|sample|e2e|throughput|latency``: measure the engine's
 structured-output paths side by side with the usual way, the engine process around the
 model, and its throughput against transformers. See bench/README.md."""
 
@@ -85,6 +85,35 @@ def parser() -> argparse.ArgumentParser:
     )
     _common(p, iters=10, warmup=2)
     _pairs(p)
+    p = sub.add_parser(
+        "sample",
+        help="one sampling step per mix of settings (plain, top-k, top-p, mixed): engine "
+        "vs a full sort of the vocabulary for top-k / top-p",
+    )
+    _common(p, iters=5, warmup=1)
+    from .sampling import LOGITS, MIXES
+
+    p.add_argument(
+        "--vocabs",
+        type=_names(states.VOCABS),
+        default=["qwen3"],
+        help="comma-separated: qwen3,o200k_harmony (default qwen3)",
+    )
+    p.add_argument(
+        "--batch-sizes", type=_ints, default=[8, 32, 128], help="comma-separated (default 8,32,128)"
+    )
+    p.add_argument(
+        "--mixes",
+        type=_names(MIXES),
+        default=list(MIXES),
+        help=f"comma-separated (default {','.join(MIXES)})",
+    )
+    p.add_argument(
+        "--logits",
+        type=_names(LOGITS),
+        default=list(LOGITS),
+        help="normal (flat: top-p spans thousands of ids) and/or peaked (Zipf-like)",
+    )
     p = sub.add_parser(
         "e2e",
         help="the engine process with the random model or a model directory: step time, "
@@ -198,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         records = latency.run(args)
         if args.plot:
             latency.plot(records, args.plot)
+    elif args.bench == "sample":
+        from . import sampling
+
+        records = sampling.run(args)
+        print(sampling.table(records))
     elif args.bench == "e2e":
         from . import e2e
 

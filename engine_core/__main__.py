@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ipc import AddressError
+from ipc import AddressError, CurveKeyError
 
 from .config import add_engine_arguments, config_from_args
-from .server import run_engine
+from .server import TokenFileError, run_engine
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -17,7 +17,9 @@ def main(argv: list[str] | None = None) -> None:
     config = config_from_args(parser.parse_args(argv))
     try:
         run_engine(config)
-    except AddressError as e:  # an address the engine will not bind: say so, no traceback
+    # an address the engine will not bind, keys or a token it cannot use: say so, in
+    # one line, no traceback
+    except (AddressError, CurveKeyError, TokenFileError) as e:
         sys.exit(f"{parser.prog}: error: {e}")
 
 

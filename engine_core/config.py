@@ -27,10 +27,18 @@ class EngineConfig:
     #: where to bind; default: a private ipc:// socket (spawned engines get one)
     address: str | None = None
     allow_remote: bool = False
+    #: CURVE key directory (made if missing): only front ends holding a key listed
+    #: there may connect, encrypted; required with --allow-remote on TCP (ipc/keys.py)
+    curve_keys: str | None = None
+    #: a file holding the token a SHUTDOWN message must carry (a spawning client
+    #: writes one); without it, SHUTDOWN is refused and only a signal stops the engine
+    shutdown_token_file: str | None = None
     #: the engine exits when this process does (set by a client that spawns it)
     parent_pid: int | None = None
-    #: a client silent for this long has its requests dropped
-    client_timeout_s: float = 10.0
+    #: a client whose connection answers no heartbeat for this long (its process
+    #: stopped, its host or network gone) has its requests dropped; its ZeroMQ
+    #: threads answer however busy its Python is, so this only bounds real silence
+    client_timeout_s: float = 30.0
     #: outgoing messages queued for a client that does not read, before it is dropped
     client_backlog: int = 10_000
     #: weights and activations of a model directory: auto (bfloat16 on CUDA, else
@@ -118,9 +126,31 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     a("--seed", type=int, default=d.seed)
     a("--device", default=d.device, help="cpu | cuda | cuda:N | auto")
     a("--address", default=None, help="ipc://PATH or tcp://HOST:PORT to bind")
-    a("--allow-remote", action="store_true", help="allow binding a non-loopback TCP address")
+    a(
+        "--allow-remote",
+        action="store_true",
+        help="allow binding a non-loopback TCP address (needs --curve-keys)",
+    )
+    a(
+        "--curve-keys",
+        default=None,
+        metavar="DIR",
+        help="CURVE key directory (made if missing): encrypt, and admit only front ends "
+        "holding a client key listed in DIR/clients",
+    )
+    a(
+        "--shutdown-token-file",
+        default=None,
+        metavar="PATH",
+        help="a SHUTDOWN message must carry the token in this file (default: refused)",
+    )
     a("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
-    a("--client-timeout-s", type=float, default=d.client_timeout_s)
+    a(
+        "--client-timeout-s",
+        type=float,
+        default=d.client_timeout_s,
+        help="drop a client whose connection answers no heartbeat for this long",
+    )
     a(
         "--client-backlog",
         type=int,

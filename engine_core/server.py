@@ -1,7 +1,16 @@
-"""The engine-core process: sockets, the IO thread, and the busy loop around `EngineCore`."""
+"""The engine-core process: sockets, the IO thread, and the busy loop around `EngineCore`.
+
+Liveness is judged on evidence. A client is dropped when its connection closes (it
+died, or ZeroMQ's heartbeats, answered by the client's ZeroMQ threads whatever its
+Python is doing, went unanswered for ``client_timeout_s``: a stopped process or a lost
+network), when it does not read its outputs, or when it sends a message over the
+limit; never because its Python threads were busy. Only the client holding the
+shutdown token (the one that spawned the engine) may stop it over the wire.
+"""
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import queue
@@ -15,9 +24,11 @@ from pathlib import Path
 import zmq
 
 from ipc import (
-    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ENVELOPE_BYTES,
     NOT_GREETED,
     PROTOCOL_VERSION,
+    SHUTDOWN_REFUSED,
     AbortRequests,
     Codec,
     EngineCoreOutput,
@@ -34,7 +45,10 @@ from ipc import (
     SocketPump,
     WireError,
     check_bind_address,
+    ensure_keys,
     private_ipc_address,
+    serve_curve,
+    set_heartbeats,
 )
 from reasoning import load_plugin
 from tokenization import load_tokenizer
@@ -44,7 +58,20 @@ from .engine import EngineCore
 
 log = logging.getLogger("thinkgate.engine")
 
+#: a heartbeat to each client this often: a send to a client whose connection has
+#: closed fails, and the engine drops that client
 HEARTBEAT_S = 0.5
+#: ZeroMQ's own PING to each client this often (see `ipc.set_heartbeats`)
+PING_S = 1.0
+#: frames of a client's message as the ROUTER reads them: its id, type, payload
+MESSAGE_PARTS = 3
+#: monitor events of the engine's socket: a connection closed, a handshake refused
+_EVENTS = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 
 
 class _ClientGone:
@@ -65,9 +92,14 @@ class EngineServer:
         if config.reasoning_parser_plugin:
             load_plugin(config.reasoning_parser_plugin)
         self._own_dir: Path | None = None
+        self.keys = ensure_keys(config.curve_keys) if config.curve_keys else None
+        self._auth = None
+        self.shutdown_token = _read_token(config.shutdown_token_file)
         if config.address:
             self.address = config.address
-            check_bind_address(self.address, allow_remote=config.allow_remote)
+            check_bind_address(
+                self.address, allow_remote=config.allow_remote, authenticated=self.keys is not None
+            )
         else:
             self.address, self._own_dir = private_ipc_address()
         tokenizer = load_tokenizer(config.resolved_tokenizer(), config.extra_special_tokens)
@@ -94,8 +126,13 @@ class EngineServer:
             self._make_socket,
             self._on_frames,
             on_tick=self._on_tick,
-            on_disconnect=self._on_disconnect,
+            monitor_events=_EVENTS,
+            on_event=self._on_event,
             on_undeliverable=self._on_undeliverable,
+            max_parts=MESSAGE_PARTS,
+            max_bytes=DEFAULT_MAX_MESSAGE_BYTES + ENVELOPE_BYTES,
+            on_oversized=self._on_oversized,
+            on_failure=self._on_io_failure,
             tick_s=0.1,
             name="thinkgate-engine-io",
         )
@@ -108,9 +145,14 @@ class EngineServer:
         # its connection is gone) sends to it fail, and the engine drops it.
         sock.setsockopt(zmq.SNDHWM, self.config.client_backlog)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # a client that reconnects (same id) takes its id over from the old connection
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, DEFAULT_MAX_FRAME_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, DEFAULT_MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.LINGER, 1000)
+        set_heartbeats(sock, PING_S, self.config.client_timeout_s)
+        if self.keys is not None:
+            self._auth = serve_curve(sock, self.keys)
         sock.bind(self.address)
         if self.address.startswith("ipc://"):
             os.chmod(self.address[len("ipc://") :], 0o600)
@@ -157,6 +199,15 @@ class EngineServer:
             self._clients.pop(client, None)
             self.inbox.put((client, CLIENT_GONE))
             return
+        if isinstance(msg, Shutdown) and not self._may_stop(msg):
+            log.warning("refused a SHUTDOWN from client %s: wrong or no token", client.hex())
+            why = (
+                "this engine has no shutdown token (stop it with SIGTERM)"
+                if self.shutdown_token is None
+                else "its token is not the engine's"
+            )
+            self._reply(client, ErrorNotice(f"{SHUTDOWN_REFUSED}: {why}"))
+            return
         if isinstance(msg, EngineCoreRequest | AbortRequests | HealthRequest | Shutdown):
             self.inbox.put((client, msg))
             return
@@ -175,29 +226,73 @@ class EngineServer:
             )
         else:
             log.warning(
-                "client %s is gone (its connection closed); dropping its requests", client.hex()
+                "client %s is gone (its connection closed, or it answered no heartbeat for "
+                "%g s); dropping its requests",
+                client.hex(),
+                self.config.client_timeout_s,
             )
         self.inbox.put((client, CLIENT_GONE))
 
-    def _on_disconnect(self, endpoint: str) -> None:
-        log.info(
-            "a client connection closed on %s (the client left, or sent a frame over "
-            "the %d MiB limit)",
-            endpoint,
-            DEFAULT_MAX_FRAME_BYTES >> 20,
+    def _may_stop(self, msg: Shutdown) -> bool:
+        token = self.shutdown_token
+        return token is not None and hmac.compare_digest(msg.token.encode(), token.encode())
+
+    def _on_event(self, event: int, endpoint: str) -> None:
+        if event == zmq.EVENT_DISCONNECTED:
+            log.info("a client connection closed on %s", endpoint)
+            self._probe()  # a send to a client whose connection closed fails: drop it
+        else:
+            log.warning(
+                "refused a connection on %s: its handshake failed (%s)",
+                endpoint,
+                "not an accepted CURVE key"
+                if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                else "wrong or no encryption, or not ZeroMQ",
+            )
+
+    def _on_oversized(self, client: bytes, parts: int, size: int) -> None:
+        """A message past the limits was read to its end and dropped uncopied. More
+        frames than the protocol has: that message is refused. More bytes than the
+        limit: the client is dropped too (no client of ours sends one; it checks)."""
+        frames = parts - 1  # the ROUTER's routing-id frame is not the client's
+        if size <= DEFAULT_MAX_MESSAGE_BYTES + ENVELOPE_BYTES:
+            if client:
+                self._reply(client, ErrorNotice(f"expected 2 frames (type, payload), got {frames}"))
+            return
+        log.warning(
+            "client %s sent a message of %d frames, %d bytes, over the %d MiB limit; dropped "
+            "it, and the client with its requests",
+            client.hex() or "?",
+            frames,
+            size,
+            DEFAULT_MAX_MESSAGE_BYTES >> 20,
         )
+        if self._clients.pop(client, None) is not None:
+            self.inbox.put((client, CLIENT_GONE))
+        if client:
+            self._reply(
+                client,
+                ErrorNotice(
+                    f"a message of {frames} frames, {size} bytes is over the engine's limit "
+                    f"of {DEFAULT_MAX_MESSAGE_BYTES} bytes: dropped, with this client's requests"
+                ),
+            )
+
+    def _on_io_failure(self, error: BaseException) -> None:
+        """The IO thread died and its socket closed: no client can be served; stop
+        (clients see the connection close, and fail their requests)."""
+        log.error("the engine's IO thread failed (%r): stopping", error)
+        self.stop()
+
+    def _probe(self) -> None:
+        for client in self._clients:
+            self._reply(client, Heartbeat(time.time()))
 
     def _on_tick(self) -> None:
         now = time.monotonic()
-        for client, seen in list(self._clients.items()):
-            if now - seen > self.config.client_timeout_s:
-                log.warning("client %s went silent; dropping its requests", client.hex())
-                del self._clients[client]
-                self.inbox.put((client, CLIENT_GONE))
         if now - self._last_beat >= HEARTBEAT_S:
             self._last_beat = now
-            for client in self._clients:
-                self._reply(client, Heartbeat(time.time()))
+            self._probe()
         ppid = self.config.parent_pid
         if ppid is not None and not self.stopping.is_set() and not _alive(ppid):
             log.warning("parent process %d is gone; shutting down", ppid)
@@ -300,10 +395,29 @@ class EngineServer:
             o.error = "the engine shut down"
         self._send(out)
         self.pump.close()
+        if self._auth is not None:
+            self._auth.stop()
         core.close()
         if self._own_dir is not None:
             shutil.rmtree(self._own_dir, ignore_errors=True)
         log.info("engine stopped")
+
+
+class TokenFileError(ValueError):
+    """A --shutdown-token-file that cannot be used."""
+
+
+def _read_token(path: str | None) -> str | None:
+    """The shutdown token in file ``path`` (None: no file, no token)."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise TokenFileError(f"cannot read --shutdown-token-file {path!r}: {e.strerror}") from None
+    if not token:
+        raise TokenFileError(f"--shutdown-token-file {path!r} is empty")
+    return token
 
 
 def _alive(pid: int) -> bool:
@@ -327,3 +441,5 @@ def run_engine(config: EngineConfig) -> None:
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
     server.serve()
+    if server.pump.failure is not None:  # logged where it happened
+        raise SystemExit(1)

@@ -5,10 +5,11 @@
 1. strips the final stop token (the one that ended the request) from the text;
 2. with stop strings, holds back the tokens that may begin one, and at the stop cuts
    the text right before it (inside a token if need be);
-3. splits the token ids into reasoning and content with the reasoning tracker (the
-   same machine the engine drives, so both see the thinking end at the same token),
-   and drops the family's separator (Qwen3's blank line after ``</think>``) from the
-   start of an answer that follows thinking; the thinking itself is left untouched;
+3. splits the token ids into reasoning and content with `reasoning.ReasoningStream`
+   over the request's tracker (the same machine the engine drives, so both see the
+   thinking end at the same token, and both read the family's layout after its end
+   marker, such as Qwen3's blank line after ``</think>``, alike: it is in neither
+   side); the thinking itself is left as the model wrote it;
 4. reads the content text for tool calls with the format's stream parser;
 5. drops calls after the first when ``parallel_tool_calls`` is false (all calls when
    the request reads none: a family that frames its answers, such as Harmony, is
@@ -28,14 +29,13 @@ otherwise, "abort" for an aborted request; an engine error becomes an error resp
 
 from __future__ import annotations
 
-import codecs
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine_core.client import RequestOutput
 from ipc import FinishReason
-from reasoning import Phase, ReasoningTracker
+from reasoning import ReasoningStream, ReasoningTracker
 
 from .protocol import (
     ChatCompletion,
@@ -127,90 +127,6 @@ class StopStringGate:
         return out, b""
 
 
-class ReasoningSplitter:
-    """Token ids to reasoning and content text, through a reasoning tracker (None: all
-    content). The pieces concatenate to the whole output's split, but for the family's
-    separator (``content_separator``: Qwen3's blank line after ``</think>``): when this
-    output thought, the separator is dropped from the start of its answer, being layout
-    rather than content."""
-
-    __slots__ = ("tracker", "_tb", "_r", "_c", "_sep", "_held", "_thought", "_started")
-
-    def __init__(
-        self,
-        tracker: ReasoningTracker | None,
-        token_bytes: Callable[[int], bytes],
-        separator: bytes = b"",
-    ) -> None:
-        self.tracker = tracker
-        self._tb = token_bytes
-        self._r = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._c = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        #: what is still to match of the separator, at the start of the answer
-        self._sep = separator
-        self._held = b""
-        self._thought = tracker is not None and tracker.phase == Phase.THINKING
-        #: the answer has begun (its separator, if any, is behind)
-        self._started = False
-
-    def push(self, ids: Sequence[int]) -> tuple[str, str]:
-        if not ids:
-            return "", ""
-        if self.tracker is None:
-            return "", self._c.decode(b"".join(self._tb(t) for t in ids))
-        text, _ = self.tracker.split_bytes(ids)
-        if (
-            text.reasoning
-            or self.tracker.num_reasoning_tokens
-            or self.tracker.phase == Phase.THINKING
-        ):
-            self._thought = True
-        return self._decode(text.reasoning, text.content, final=False)
-
-    def push_partial(self, data: bytes) -> tuple[str, str]:
-        """Bytes of a token cut short (by a stop string): they go to the side the
-        output is on."""
-        if self.tracker is not None and self.tracker.phase == Phase.THINKING:
-            return self._decode(data, b"", final=False)
-        return self._decode(b"", data, final=False)
-
-    def finish(self) -> tuple[str, str]:
-        if self.tracker is None:
-            return "", self._c.decode(b"", final=True)
-        text = self.tracker.flush()
-        return self._decode(text.reasoning, text.content, final=True)
-
-    def _decode(self, r: bytes, c: bytes, *, final: bool) -> tuple[str, str]:
-        if not self._started and (c or final):
-            c = self._answer_start(c, final)
-        return (
-            self._r.decode(r, final) if (r or final) else "",
-            self._c.decode(c, final) if (c or final) else "",
-        )
-
-    def _answer_start(self, c: bytes, final: bool) -> bytes:
-        """The first content bytes: drop the separator when it is there whole; hold
-        bytes that may still become it; give back a partial match."""
-        sep = self._sep if self._thought else b""
-        n = 0
-        while n < len(c) and n < len(sep) and c[n] == sep[n]:
-            n += 1
-        if sep and n == len(sep):
-            self._started, self._held = True, b""
-            return c[n:]
-        if sep and n == len(c) and not final:
-            self._held += c
-            self._sep = sep[n:]
-            return b""
-        out = self._held + c
-        self._started, self._held = bool(out), b""
-        return out
-
-    @property
-    def num_reasoning_tokens(self) -> int:
-        return self.tracker.num_reasoning_tokens if self.tracker is not None else 0
-
-
 class OutputProcessor:
     """One request's outputs, in order, to `OutputDelta` pieces (see the module
     docstring). Read `finish_reason`, `error` and `usage` after the last output."""
@@ -221,7 +137,6 @@ class OutputProcessor:
         token_bytes: Callable[[int], bytes],
         prompt_tokens: int,
         tracker: ReasoningTracker | None,
-        separator: bytes = b"",
         tool_parser: ToolCallParser | None,
         keep_calls: bool = True,
         parallel_tool_calls: bool = True,
@@ -233,7 +148,7 @@ class OutputProcessor:
         self.include_reasoning = include_reasoning
         self.keep_calls = keep_calls
         self.parallel_tool_calls = parallel_tool_calls
-        self._split = ReasoningSplitter(tracker, token_bytes, separator)
+        self._split = ReasoningStream(tracker, token_bytes=token_bytes)
         self._tools = tool_parser
         self._gate = StopStringGate(stop, token_bytes) if stop else None
         self._call_ids: dict[int, str] = {}
@@ -271,12 +186,9 @@ class OutputProcessor:
             released = self._gate.push(ids)
             if out.finished:
                 released += self._gate.flush()
-        r, c = self._split.push(released)
-        if partial:
-            r2, c2 = self._split.push_partial(partial)
-            r, c = r + r2, c + c2
+        r, c = self._split.push(released) if released else ("", "")
         if out.finished:
-            r2, c2 = self._split.finish()
+            r2, c2 = self._split.finish(partial)
             r, c = r + r2, c + c2
         delta = OutputDelta(reasoning=r if self.include_reasoning else "")
         if self._tools is None:

@@ -27,7 +27,7 @@ from typing import Any
 from engine_core.client import EngineClient, EngineDeadError, RequestOutput
 from reasoning import (
     ReasoningError,
-    get_reasoning_parser_class,
+    create_reasoning_parser,
     load_plugin,
     reasoning_parser_names,
 )
@@ -56,13 +56,6 @@ from .validation import RequestError, ToolSupport, check_request, decode_request
 log = logging.getLogger("thinkgate.frontend")
 
 Body = bytes | str | Mapping[str, Any] | ChatCompletionRequest
-
-
-def frames_answers(fmt: ToolFormat) -> bool:
-    """Whether the family wraps its answers in its own syntax (Harmony's channels): it
-    overrides ``response_constraint``, and its parser must read every answer, calls
-    or not, to take the content out of the framing."""
-    return type(fmt).response_constraint is not ToolFormat.response_constraint
 
 
 class ChatFrontend:
@@ -101,7 +94,7 @@ class ChatFrontend:
         reasoning = config.reasoning_parser or handshake.reasoning_parser
         if reasoning is not None:
             try:
-                get_reasoning_parser_class(reasoning)(tokenizer, None)
+                create_reasoning_parser(reasoning, tokenizer)
             except KeyError:
                 raise ConfigError(
                     f"unknown reasoning parser {reasoning!r}; known: "
@@ -189,7 +182,6 @@ class ChatFrontend:
             token_bytes=self.tokenizer.token_bytes,
             prompt_tokens=len(prepared.prompt_token_ids),
             tracker=tracker,
-            separator=parser.content_separator if parser is not None else b"",
             tool_parser=self._tool_parser(prepared),
             keep_calls=prepared.plan.reads_calls,
             parallel_tool_calls=prepared.plan.parallel,
@@ -208,7 +200,7 @@ class ChatFrontend:
         if plan.reads_calls:
             assert fmt is not None  # check_request refuses "auto" otherwise
             return fmt.new_parser(plan.tools)
-        if fmt is not None and frames_answers(fmt):
+        if fmt is not None and fmt.frames_answers:
             return fmt.new_parser([])
         return None
 

@@ -1,9 +1,20 @@
 """The wire between a front end and the engine core: structs, frames, sockets."""
 
 from .codec import Codec, WireError
+from .keys import (
+    ClientKeys,
+    CurveKeyError,
+    ServerKeys,
+    connect_curve,
+    curve_available,
+    ensure_keys,
+    load_client_keys,
+    serve_curve,
+)
 from .messages import (
     NOT_GREETED,
     PROTOCOL_VERSION,
+    SHUTDOWN_REFUSED,
     AbortRequests,
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -22,20 +33,27 @@ from .messages import (
     StructuredOutputSpec,
 )
 from .transport import (
-    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ENVELOPE_BYTES,
     AddressError,
+    RunningClock,
     SocketPump,
     check_bind_address,
     free_tcp_port,
     private_ipc_address,
+    set_heartbeats,
 )
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "ENVELOPE_BYTES",
     "NOT_GREETED",
     "PROTOCOL_VERSION",
+    "SHUTDOWN_REFUSED",
     "AbortRequests",
     "AddressError",
+    "ClientKeys",
+    "CurveKeyError",
     "Codec",
     "EngineCoreOutput",
     "EngineCoreOutputs",
@@ -49,12 +67,20 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "MsgType",
+    "RunningClock",
     "SamplingParams",
+    "ServerKeys",
     "Shutdown",
     "SocketPump",
     "StructuredOutputSpec",
     "WireError",
     "check_bind_address",
+    "connect_curve",
+    "curve_available",
+    "ensure_keys",
     "free_tcp_port",
+    "load_client_keys",
     "private_ipc_address",
+    "serve_curve",
+    "set_heartbeats",
 ]

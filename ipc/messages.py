@@ -15,8 +15,11 @@ import msgspec
 PROTOCOL_VERSION = 1
 
 #: `ErrorNotice.message` for a frame from a client the engine does not know: one that
-#: never said HELLO, or one it dropped (silent past its timeout, or not reading)
+#: never said HELLO, or one it dropped (silent past its timeout, not reading, or over
+#: the message limit)
 NOT_GREETED = "send HELLO first"
+#: start of `ErrorNotice.message` when the engine refuses a SHUTDOWN
+SHUTDOWN_REFUSED = "SHUTDOWN refused"
 
 
 class MsgType(IntEnum):
@@ -148,7 +151,8 @@ class HealthReply(_Wire):
     #: grammar compiles queued or running
     num_compiling: int = 0
     num_cached_grammars: int = 0
-    #: clients heard from within the client timeout
+    #: clients greeted and not dropped since (gone, silent past the client timeout, or
+    #: not reading)
     num_clients: int = 0
 
 
@@ -162,6 +166,9 @@ class Goodbye(_Wire):
 
 class Shutdown(_Wire):
     reason: str = ""
+    #: the engine's shutdown token (``--shutdown-token-file``); a spawning client gives
+    #: its engine one. Without the right token the engine refuses to stop.
+    token: str = ""
 
 
 class ErrorNotice(_Wire):

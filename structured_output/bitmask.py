@@ -66,7 +66,9 @@ class BitmaskFiller:
         self._batch = xgr.BatchGrammarMatcher(max_threads=max_threads)
 
     def fill(self, rows: Sequence[int], guides: Sequence[RequestGuide]) -> FilledMask:
-        """Fill ``rows`` from ``guides`` (same order; each with an active grammar)."""
+        """Fill ``rows`` from ``guides`` (same order; each with an active grammar): the
+        grammar's mask plus the guide's `extra_allowed`, or those extra ids alone where
+        the guide does not follow its grammar this step."""
         k = self._next
         self._next = (k + 1) % len(self.buffers)
         buf, view = self.buffers[k], self._views[k]
@@ -82,9 +84,16 @@ class BitmaskFiller:
                 for r, g in zip(rows, guides, strict=True)
                 if g.matcher.fill_next_token_bitmask(buf, r)
             ]
+        alone: list[int] = []  # rows whose mask is their extra ids alone
         for r, g in zip(rows, guides, strict=True):
             extra = g.extra_allowed()
+            if not g.follows_grammar:
+                view[r] = 0
+                alone.append(r)
             if extra:
                 ids = np.asarray(extra, dtype=np.int64)
                 np.bitwise_or.at(view[r], ids >> 5, np.left_shift(1, ids & 31).astype(np.uint32))
-        return FilledMask(buf, np.asarray(active, dtype=np.int64))
+        filled = np.asarray(active, dtype=np.int64)
+        if alone:
+            filled = np.union1d(filled, alone)
+        return FilledMask(buf, filled)

@@ -3,19 +3,17 @@ kwargs, request guides, and the bitmask filler."""
 
 from __future__ import annotations
 
-import json
 import weakref
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reasoning import ReasoningError, ReasoningParser, create_reasoning_parser
+from reasoning import ParserCache, ReasoningParser
 
 from .bitmask import BitmaskFiller, FilledMask
 from .compile_service import CompileService
-from .guide import RequestGuide, SeparatorTable
+from .guide import RequestGuide
 from .specs import CompileOptions, GrammarSpec
 from .vocab import tokenizer_info_for
 
@@ -56,8 +54,11 @@ class StructuredOutputManager:
         self.options = CompileOptions(
             max_whitespace=config.max_whitespace, max_spec_bytes=config.max_spec_bytes
         )
-        self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
-        self._separators: dict[bytes, SeparatorTable] = {}
+        self._parsers = (
+            ParserCache(reasoning_parser, tokenizer, field="reasoning_parser_kwargs")
+            if reasoning_parser is not None
+            else None
+        )
         self._guides: weakref.WeakSet[RequestGuide] = weakref.WeakSet()
         if reasoning_parser is not None:
             self.parser_for(None)  # a parser that cannot serve this vocabulary stops start-up
@@ -82,26 +83,10 @@ class StructuredOutputManager:
         )
 
     def parser_for(self, kwargs: Mapping[str, Any] | None) -> ReasoningParser | None:
-        """The engine's reasoning parser built with a request's chat-template kwargs
-        (cached; raises the parser's error for kwargs it cannot use)."""
-        if self.reasoning_parser_name is None:
-            return None
-        try:
-            key = json.dumps(kwargs or {}, sort_keys=True, default=str)
-        except (TypeError, ValueError, RecursionError) as e:
-            # from the wire: a nested mapping with keys of mixed types, or nesting too deep
-            raise ReasoningError(
-                f"reasoning_parser_kwargs must be JSON-like, with string keys: {e}"
-            ) from None
-        parser = self._parsers.get(key)
-        if parser is None:
-            parser = create_reasoning_parser(self.reasoning_parser_name, self.tokenizer, kwargs)
-            self._parsers[key] = parser
-            if len(self._parsers) > 256:
-                self._parsers.popitem(last=False)
-        else:
-            self._parsers.move_to_end(key)
-        return parser
+        """The engine's reasoning parser built with a request's chat-template kwargs,
+        from the same kind of cache the front end builds its own from
+        (`reasoning.ParserCache`); raises `ReasoningError` for kwargs it cannot use."""
+        return self._parsers.get(kwargs) if self._parsers is not None else None
 
     def submit(self, spec: GrammarSpec) -> Future[xgr.CompiledGrammar]:
         return self.compiler.submit(spec)
@@ -133,22 +118,12 @@ class StructuredOutputManager:
         )
         if tracker is None and matcher is None:
             return None
-        separator = None
-        if parser is not None and parser.content_separator:
-            sep = parser.content_separator
-            separator = self._separators.get(sep)
-            if separator is None:
-                separator = self._separators[sep] = SeparatorTable(
-                    sep, self.tokenizer.all_token_bytes
-                )
         guide = RequestGuide(
             tracker,
             matcher,
-            separator=separator,
             implicit_end_ids=parser.implicit_end_ids if parser is not None else (),
             stop_token_ids=stop_token_ids,
             budget=reasoning_budget,
-            token_bytes=self.tokenizer.all_token_bytes,
         )
         self._guides.add(guide)
         return guide

@@ -14,6 +14,7 @@ from .base import (
 )
 from .json_schema import JsonSchemaToolFormat
 from .registry import (
+    TOOL_FORMATS,
     create_tool_format,
     get_tool_format_class,
     register_tool_format,
@@ -21,6 +22,7 @@ from .registry import (
 )
 
 __all__ = [
+    "TOOL_FORMATS",
     "FunctionTool",
     "JsonSchemaToolFormat",
     "ParsedOutput",

@@ -108,12 +108,17 @@ class ToolCallParser(ABC):
 class ToolFormat(ABC):
     """One family's tool-call syntax, bound to a tokenizer."""
 
-    #: the registry name (``--tool-call-parser``); set by the registry
-    name: ClassVar[str] = ""
+    #: the name messages give the format: the registry name it was created under
+    #: (`create_tool_format` passes it), else this class default, else the class name
+    name: str = ""
     #: markers that must each be one special token of the vocabulary
     special_markers: ClassVar[tuple[str, ...]] = ()
+    #: the family wraps every answer in its own syntax (Harmony's channels): its parser
+    #: must read every answer, calls or not, to take the content out of the framing
+    frames_answers: ClassVar[bool] = False
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, name: str | None = None) -> None:
+        self.name = name or self.name or type(self).__name__
         self.tokenizer = tokenizer
         missing = [m for m in self.special_markers if m not in tokenizer.special_tokens]
         if missing:

@@ -68,6 +68,7 @@ def _opening() -> Format:
 
 class HarmonyToolFormat(ToolFormat):
     special_markers = (START, CHANNEL, CONSTRAIN, MESSAGE, END, CALL, RETURN)
+    frames_answers = True
 
     def constraint(
         self, tools: Sequence[FunctionTool], *, named: str | None, parallel: bool

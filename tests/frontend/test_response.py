@@ -37,7 +37,6 @@ def processor(*, kwargs=None, tools=True, prompt=PROMPT_ON, **extra) -> OutputPr
         token_bytes=TOK.token_bytes,
         prompt_tokens=len(prompt),
         tracker=tracker,
-        separator=parser.content_separator,
         tool_parser=fmt.new_parser(TOOLS) if tools else None,
         **extra,
     )
@@ -203,12 +202,16 @@ def test_separator_only_after_thinking():
         ids_of("\n\nKept."), stop_reason=EOS, kwargs={"enable_thinking": False}, prompt=PROMPT_OFF
     )
     assert off[0].content == "\n\nKept."
-    # a partial separator is content
-    partial = run(ids_of("<think>\nx\n</think>\nOne newline."), stop_reason=EOS)
-    assert partial[0].content == "\nOne newline."
+    # a partial separator is layout too; the next token is the answer's, whole
+    ids = ids_of("<think>\nx\n</think>\nOne newline.")
+    assert TOK.token_bytes(ids[ids.index(TOK.id_of("</think>")) + 1]) == b"\n"
+    partial = run(ids, stop_reason=EOS)
+    assert partial[0].content == "One newline."
+    # a token running past the separator is not layout: the grammar saw it, so it stays
     ids = ids_of("<think>\nx\n</think>\n\n\nThree.")
+    assert TOK.token_bytes(ids[ids.index(TOK.id_of("</think>")) + 1]) == b"\n\n\n"
     more = run(ids, range(1, len(ids)), stop_reason=EOS)
-    assert more[0].content == "\nThree."
+    assert more[0].content == "\n\n\nThree."
 
 
 def test_engine_error_and_abort():

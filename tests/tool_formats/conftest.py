@@ -13,7 +13,13 @@ import warnings
 
 import pytest
 
-from frontend.tool_formats import FunctionTool, ToolFormat, get_tool_format_class
+from frontend.tool_formats import (
+    FunctionTool,
+    ToolFormat,
+    create_tool_format,
+    get_tool_format_class,
+    tool_format_names,
+)
 from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from tests.support.constrained_sampler import ConstrainedSampler
 from tokenization import Tokenizer, load_tokenizer
@@ -40,7 +46,8 @@ FAMILY_VOCAB = {
     "minimax_m2": "qwen3",
     "mistral": "llama3",
 }
-FAMILIES = sorted(FAMILY_VOCAB)
+#: every registered format (one missing from `FAMILY_VOCAB` fails loudly)
+FAMILIES = tool_format_names()
 
 
 @functools.cache
@@ -51,7 +58,7 @@ def tokenizer_for(family: str) -> Tokenizer:
 
 @functools.cache
 def format_for(family: str) -> ToolFormat:
-    return get_tool_format_class(family)(tokenizer_for(family))
+    return create_tool_format(family, tokenizer_for(family))
 
 
 @functools.cache
