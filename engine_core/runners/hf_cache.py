@@ -64,6 +64,10 @@ class PassLayout:
     slot: torch.Tensor
     pos: torch.Tensor
     groups: list[QueryGroup]
+    #: where the tokens' keys and values go in a layer's flattened cache (set by the
+    #: first layer's `SlotKVCache.write`, used by every layer)
+    key_at: torch.Tensor | None = None
+    value_at: torch.Tensor | None = None
 
 
 class SlotKVCache:
@@ -130,13 +134,19 @@ class SlotKVCache:
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, at: PassLayout) -> None:
         """Store the pass's new ``key`` / ``value`` (``[1, kv_heads, T, head_dim]``) at
-        their tokens' slots and positions."""
-        k = key[0].transpose(0, 1)  # [T, h, d]
-        v = value[0].transpose(0, 1)
-        s, p = at.slot, at.pos
-        heads = self._heads[None, :, None]
-        self.keys[layer][s[:, None, None], heads, self._dims, p[:, None, None]] = k
-        self.values[layer][s[:, None], self._heads[None, :], p[:, None]] = v
+        their tokens' slots and positions: one ``index_copy_`` each into the layer's
+        cache seen flat."""
+        h, d, cap = self.kv_heads, self.head_dim, self.capacity
+        if at.key_at is None:  # flat offsets, the same in every layer
+            row = (at.slot[:, None] * h + self._heads) * cap  # [T, h]
+            at.value_at = (row + at.pos[:, None]).reshape(-1)  # rows of [S*h*cap, d]
+            # keys are [S, h, d, cap]: ((slot*h + head)*d + dim)*cap + pos
+            key_at = row[:, :, None] * d + self._dims * cap + at.pos[:, None, None]
+            at.key_at = key_at.reshape(-1)
+        self.values[layer].view(-1, d).index_copy_(
+            0, at.value_at, value[0].transpose(0, 1).reshape(-1, d)
+        )
+        self.keys[layer].view(-1).index_copy_(0, at.key_at, key[0].transpose(0, 1).reshape(-1))
 
     def attend(
         self, layer: int, query: torch.Tensor, at: PassLayout, scaling: float
