@@ -167,7 +167,7 @@ def engine_config(args: argparse.Namespace, batch: int) -> EngineConfig:
             reasoning_parser="qwen3",
             device=args.device,
             max_num_seqs=batch,
-            forward_ms=args.forward_ms,
+            runner_options={"forward_ms": args.forward_ms},
             seed=args.seed,
             log_level="WARNING",
         )

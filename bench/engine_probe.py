@@ -77,9 +77,9 @@ class ProbedCore(EngineCore):
 
         return timed
 
-    def _prepare(self, batch, out):
+    def _prepare(self, batch):
         t0 = time.perf_counter()
-        res = super()._prepare(batch, out)
+        res = super()._prepare(batch)
         t1 = time.perf_counter()
         self._cur["prepare"] = t1 - t0
         self._cur["prepare_end"] = t1
@@ -111,8 +111,8 @@ class ProbedCore(EngineCore):
             p["thinking"].append(c["thinking"])
         return out
 
-    def _schedule(self, out):
-        super()._schedule(out)
+    def _schedule(self):
+        super()._schedule()
         self._cur["rows"] = len(self.running)
 
 

@@ -36,8 +36,6 @@ from engine_core.sampler import Sampler, SamplingBatch, StepConstraints
 
 from .common import Method, Record, environment, pair_records, side_by_side
 
-MIXES = ("plain", "top_k", "top_p", "mixed")
-LOGITS = ("normal", "peaked")
 TOP_K, TOP_P = 20, 0.8
 
 

@@ -3,7 +3,8 @@
 An `EngineClient` lives on one asyncio loop. Its socket belongs to an IO thread,
 which watches the connection: when the engine is gone, every request in flight fails
 at once with `EngineDeadError`, and new requests are refused. Stop strings are
-applied here, on decoded text; a request that hits one is aborted in the engine.
+the front end's (`frontend.stop_strings`): it reads the outputs, and leaves the stream
+at a stop string, which aborts the request here.
 
 The engine is judged gone on evidence only: a spawned engine's process exited; the
 connection closed and a new one was refused (nothing listens there any more), or did
@@ -54,6 +55,7 @@ from ipc import (
     Hello,
     Shutdown,
     SocketPump,
+    TokenLogprobs,
     WireError,
     connect_curve,
     load_client_keys,
@@ -95,36 +97,16 @@ class RequestOutput:
     request_id: str
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
-    #: the stop token id, or the stop string, that ended the request
-    stop_reason: int | str | None = None
+    #: the stop token id that ended the request
+    stop_reason: int | None = None
     error: str | None = None
     num_reasoning_tokens: int = 0
+    #: of ``new_token_ids``, when the request asked for them
+    logprobs: TokenLogprobs | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-class _StopStrings:
-    """Finds the first stop string in a stream of token ids, looking only at the
-    new text and a tail of the old one."""
-
-    def __init__(self, stops: Sequence[str], tokenizer: Tokenizer) -> None:
-        self.stops = [s for s in stops if s]
-        self.keep = max((len(s) for s in self.stops), default=1) - 1
-        self.detok = tokenizer.detokenizer()
-        self.tail = ""
-
-    def push(self, token_ids: Sequence[int]) -> tuple[int, str] | None:
-        """``(tokens to keep, stop string)`` when a stop string completes in these
-        ids, else None."""
-        for i, tid in enumerate(token_ids):
-            text = self.tail + self.detok.push((tid,))
-            for s in self.stops:
-                if s in text:
-                    return i + 1, s
-            self.tail = text[-self.keep :] if self.keep else ""
-        return None
 
 
 class EngineClient:
@@ -425,12 +407,7 @@ class EngineClient:
         background from the handshake on; this waits for it)."""
         return self._start_tokenizer().result()
 
-    async def generate(
-        self,
-        request: EngineCoreRequest,
-        *,
-        stop: Sequence[str] = (),
-    ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: EngineCoreRequest) -> AsyncIterator[RequestOutput]:
         """Submit ``request`` and yield its outputs as they arrive; the last one has a
         finish reason. Raises `EngineDeadError` if the engine dies meanwhile. Leaving
         the loop early aborts the request in the engine."""
@@ -452,7 +429,6 @@ class EngineClient:
             )
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[rid] = q
-        stops = _StopStrings(stop, self.tokenizer()) if stop else None
         finished = False
         self._pump.send(frames)
         try:
@@ -460,21 +436,6 @@ class EngineClient:
                 item = await q.get()
                 if isinstance(item, BaseException):
                     raise item
-                if stops is not None and item.new_token_ids:
-                    hit = stops.push(item.new_token_ids)
-                    if hit is not None:
-                        keep, s = hit
-                        finished = True
-                        if not item.finished:
-                            self._send(AbortRequests([rid]))
-                        yield RequestOutput(
-                            rid,
-                            item.new_token_ids[:keep],
-                            FinishReason.STOP,
-                            s,
-                            num_reasoning_tokens=item.num_reasoning_tokens,
-                        )
-                        return
                 finished = item.finished
                 yield item
                 if finished:
@@ -591,4 +552,5 @@ def _to_output(o: EngineCoreOutput) -> RequestOutput:
         o.stop_reason,
         o.error,
         o.num_reasoning_tokens,
+        o.logprobs,
     )

@@ -10,16 +10,21 @@ shutdown token (the one that spawned the engine) may stop it over the wire.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hmac
 import logging
 import os
 import queue
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -30,11 +35,14 @@ from ipc import (
     PROTOCOL_VERSION,
     SHUTDOWN_REFUSED,
     AbortRequests,
+    AddressError,
     Codec,
+    CurveKeyError,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     ErrorNotice,
+    FinishReason,
     Goodbye,
     Handshake,
     HealthReply,
@@ -51,10 +59,12 @@ from ipc import (
     set_heartbeats,
 )
 from reasoning import load_plugin
-from tokenization import load_tokenizer
+from tokenization import Tokenizer, load_tokenizer
 
-from .config import EngineConfig
-from .engine import EngineCore
+from .config import EngineConfig, StartupError
+
+if TYPE_CHECKING:
+    from .engine import EngineCore as Core
 
 log = logging.getLogger("thinkgate.engine")
 
@@ -87,23 +97,23 @@ WAKE = _Wake()
 
 
 class EngineServer:
-    def __init__(self, config: EngineConfig) -> None:
+    """Start-up: the checks that need nothing loaded, the tokenizer, then the socket and
+    the core (the socket first, with its handshake, when the model keeps the
+    tokenizer's rows). Whatever it built before a failure, or an interrupt, is closed
+    again (the socket folder included), and requests queued meanwhile get their final
+    outputs."""
+
+    def __init__(
+        self, config: EngineConfig, *, on_ready: Callable[[EngineServer], None] | None = None
+    ) -> None:
+        """``on_ready(server)`` is called once start-up is complete (the last step):
+        from then on the server must be stopped with `stop`."""
         self.config = config
-        if config.reasoning_parser_plugin:
-            load_plugin(config.reasoning_parser_plugin)
         self._own_dir: Path | None = None
-        self.keys = ensure_keys(config.curve_keys) if config.curve_keys else None
+        self.core: Core | None = None  # the IO thread answers health checks until it is set
+        self.keys = None
         self._auth = None
-        self.shutdown_token = _read_token(config.shutdown_token_file)
-        if config.address:
-            self.address = config.address
-            check_bind_address(
-                self.address, allow_remote=config.allow_remote, authenticated=self.keys is not None
-            )
-        else:
-            self.address, self._own_dir = private_ipc_address()
-        tokenizer = load_tokenizer(config.resolved_tokenizer(), config.extra_special_tokens)
-        self.core = EngineCore(config, tokenizer)
+        self.shutdown_token: str | None = None
         self.inbox: queue.SimpleQueue[tuple[bytes, object]] = queue.SimpleQueue()
         self.stopping = threading.Event()
         self._codec_main = Codec()
@@ -111,17 +121,47 @@ class EngineServer:
         self._clients: dict[bytes, float] = {}  # IO thread only: last frame time
         self._pending: list[tuple[bytes, EngineCoreOutput]] = []  # main thread: outputs to send
         self._last_beat = 0.0
-        self.handshake = Handshake(
-            protocol_version=PROTOCOL_VERSION,
-            model=config.model,
-            tokenizer=config.resolved_tokenizer(),
-            vocab_rows=self.core.vocab_rows,
-            reasoning_parser=config.reasoning_parser,
-            max_num_seqs=config.max_num_seqs,
-            engine_pid=os.getpid(),
-            extra_special_tokens=list(config.extra_special_tokens),
-            device=self.core.device,
-        )
+        self.pump: SocketPump | None = None
+        self._listening = False  # the socket is bound: clients may be waiting
+        self._queued = 0  # requests the IO thread queued before the core was built
+        try:
+            self._start()
+            if on_ready is not None:
+                on_ready(self)
+        except BaseException:
+            if self._listening:
+                self._end_queued("the engine stopped before it was ready")
+            self._close()
+            raise
+
+    def _start(self) -> None:
+        """Checks that need nothing loaded, the tokenizer, the socket, the core. A model
+        that keeps the tokenizer's rows (not a model directory) lets the handshake go
+        out before the core is built: the socket answers it (and queues requests) while
+        torch, xgrammar and the model load."""
+        config = self.config
+        t0 = time.perf_counter()
+        self.shutdown_token = _read_token(config.shutdown_token_file)
+        self.keys = ensure_keys(config.curve_keys) if config.curve_keys else None
+        if config.address:
+            check_bind_address(
+                config.address,
+                allow_remote=config.allow_remote,
+                authenticated=self.keys is not None,
+            )
+        plugin = config.reasoning_parser_plugin
+        if plugin:
+            with _startup_step(f"cannot load --reasoning-parser-plugin {plugin!r}"):
+                load_plugin(plugin)
+        device = config.resolved_device()
+        name = config.resolved_tokenizer()
+        log.info("loading tokenizer %s", name)
+        with _startup_step(f"cannot load tokenizer {name!r}"):
+            tokenizer = load_tokenizer(name, config.extra_special_tokens)
+        if config.address:
+            self.address = config.address
+        else:
+            self.address, self._own_dir = private_ipc_address()
         self.pump = SocketPump(
             self._make_socket,
             self._on_frames,
@@ -135,6 +175,43 @@ class EngineServer:
             on_failure=self._on_io_failure,
             tick_s=0.1,
             name="thinkgate-engine-io",
+        )
+        early = not Path(config.model).is_dir()
+        if early:
+            self.handshake = self._handshake(config, tokenizer.vocab_rows, device)
+            self._listen()
+            log.info("handshake ready in %.2f s", time.perf_counter() - t0)
+        log.info("starting model %s on %s, and the grammar compilers", config.model, device)
+        with _startup_step("cannot start the engine"):
+            self.core = (EngineCore or _engine_core_class())(config, tokenizer)
+        if not early:
+            self.handshake = self._handshake(config, self.core.vocab_rows, self.core.device)
+            self._listen()
+        elif self.core.vocab_rows != self.handshake.vocab_rows:
+            raise StartupError(
+                f"the model has {self.core.vocab_rows} vocabulary rows; the handshake said "
+                f"{self.handshake.vocab_rows}"
+            )
+        log.info("engine core ready in %.2f s", time.perf_counter() - t0)
+
+    def _listen(self) -> None:
+        assert self.pump is not None
+        with _startup_step(f"cannot bind {self.address}"):
+            self.pump.start()
+        self._listening = True
+
+    @staticmethod
+    def _handshake(config: EngineConfig, vocab_rows: int, device: str) -> Handshake:
+        return Handshake(
+            protocol_version=PROTOCOL_VERSION,
+            model=config.model,
+            tokenizer=config.resolved_tokenizer(),
+            vocab_rows=vocab_rows,
+            reasoning_parser=config.reasoning_parser,
+            max_num_seqs=config.max_num_seqs,
+            engine_pid=os.getpid(),
+            extra_special_tokens=list(config.extra_special_tokens),
+            device=device,
         )
 
     # ----- IO thread --------------------------------------------------------------
@@ -208,7 +285,13 @@ class EngineServer:
             )
             self._reply(client, ErrorNotice(f"{SHUTDOWN_REFUSED}: {why}"))
             return
+        if isinstance(msg, HealthRequest) and self.core is None:
+            # still loading: alive, and holding the requests queued so far
+            self._reply(client, HealthReply(msg.nonce, 0, self._queued, 0, self._queued))
+            return
         if isinstance(msg, EngineCoreRequest | AbortRequests | HealthRequest | Shutdown):
+            if self.core is None and isinstance(msg, EngineCoreRequest):
+                self._queued += 1
             self.inbox.put((client, msg))
             return
         self._reply(client, ErrorNotice(f"unexpected {type(msg).__name__} message"))
@@ -305,7 +388,6 @@ class EngineServer:
         self.inbox.put((b"", WAKE))
 
     def serve(self) -> None:
-        self.pump.start()
         log.info(
             "engine ready on %s (model %s, %d vocabulary rows, device %s)",
             self.address,
@@ -341,21 +423,10 @@ class EngineServer:
             self._pending += core.abort(client, msg.request_ids)
         elif isinstance(msg, HealthRequest):
             self._send_pending()  # a reply comes after the outputs of what came before it
-            so = core.so
-            self._reply_main(
-                client,
-                HealthReply(
-                    msg.nonce,
-                    core.num_running,
-                    core.num_waiting,
-                    core.num_steps,
-                    num_requests=len(core.requests),
-                    num_guides=so.num_guides,
-                    num_compiling=so.num_compiling,
-                    num_cached_grammars=so.num_cached_grammars,
-                    num_clients=len(self._clients),  # the IO thread's dict; len() is atomic
-                ),
-            )
+            # the engine's counters, and the IO thread's count of clients (len() is atomic)
+            reply = HealthReply(msg.nonce, **dataclasses.asdict(core.stats()))
+            reply.num_clients = len(self._clients)
+            self._reply_main(client, reply)
         elif msg is CLIENT_GONE:
             n = core.drop_client(client)
             if n:
@@ -385,22 +456,71 @@ class EngineServer:
             self._reply_main(client, EngineCoreOutputs(outs, now))
 
     def _shutdown(self) -> None:
-        core = self.core
-        self._send_pending()
-        pending = list(core.requests.values())
-        out = []
-        for r in pending:
-            out += core.abort(r.client, [r.request_id])
-        for _client, o in out:
-            o.error = "the engine shut down"
-        self._send(out)
-        self.pump.close()
-        if self._auth is not None:
-            self._auth.stop()
-        core.close()
-        if self._own_dir is not None:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
+        """Every request still held, or queued since the last step (or while the core
+        loaded), gets its final output (aborted: the engine shut down); then the socket,
+        the model and the compilers close."""
+        try:
+            while True:
+                try:
+                    self._handle(*self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            self._send_pending()
+            self._send(self.core.abort_all("the engine shut down"))
+        finally:
+            self._close()
         log.info("engine stopped")
+
+    def _end_queued(self, error: str) -> None:
+        """Start-up failed after the handshake went out: each request queued meanwhile
+        gets its final output (aborted, with ``error``)."""
+        out = []
+        while True:
+            try:
+                client, msg = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(msg, EngineCoreRequest):
+                out.append(
+                    (
+                        client,
+                        EngineCoreOutput(
+                            msg.request_id, [], finish_reason=FinishReason.ABORT, error=error
+                        ),
+                    )
+                )
+        self._send(out)
+
+    def _close(self) -> None:
+        """Close what start-up built; each part whatever becomes of the others."""
+        try:
+            if self.pump is not None:
+                self.pump.close()
+                if self._auth is not None:
+                    self._auth.stop()
+        finally:
+            try:
+                if self.core is not None:
+                    self.core.close()
+            finally:
+                if self._own_dir is not None:
+                    shutil.rmtree(self._own_dir, ignore_errors=True)
+                    self._own_dir = None
+
+
+@contextlib.contextmanager
+def _startup_step(what: str) -> Iterator[None]:
+    """Turn a start-up failure that the settings explain (a name that is not found, a
+    file that is not there, a value a component refuses) into one `StartupError`
+    line; its traceback goes to the debug log."""
+    try:
+        yield
+    except StartupError:
+        raise
+    except (OSError, ValueError, LookupError, ImportError, zmq.ZMQError) as e:
+        log.debug("%s", what, exc_info=True)
+        detail = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise StartupError(f"{what}: {detail}") from None
 
 
 class TokenFileError(ValueError):
@@ -420,6 +540,17 @@ def _read_token(path: str | None) -> str | None:
     return token
 
 
+#: what builds the core (`bench.engine_probe` puts its own here); by default the class
+#: `engine.EngineCore`, imported on first use (torch, xgrammar), after the handshake
+EngineCore: Callable[[EngineConfig, Tokenizer], Core] | None = None
+
+
+def _engine_core_class() -> Callable[[EngineConfig, Tokenizer], Core]:
+    from .engine import EngineCore as cls
+
+    return cls
+
+
 def _alive(pid: int) -> bool:
     if os.getppid() == pid:
         return True
@@ -432,14 +563,32 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def run_engine(config: EngineConfig) -> None:
+def run_engine(config: EngineConfig, *, prog: str = "thinkgate engine") -> int:
+    """Run the engine until SIGTERM, SIGINT or a client's Shutdown. Returns the exit
+    code: 0, or 2 when it could not start (a bad setting, a missing file, no CUDA, an
+    interrupt while loading), after one line on stderr that says why."""
     logging.basicConfig(
         level=getattr(logging, config.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    server = EngineServer(config)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
-    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    # While loading, SIGTERM and SIGINT interrupt start-up (which cleans up after
+    # itself); once the server is ready, they stop it.
+    ready: list[EngineServer] = []
+
+    def on_signal(signum, frame) -> None:
+        if not ready:
+            raise KeyboardInterrupt
+        ready[0].stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        server = EngineServer(config, on_ready=ready.append)
+    except (StartupError, AddressError, CurveKeyError, TokenFileError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: error: interrupted while starting", file=sys.stderr, flush=True)
+        return 2
     server.serve()
-    if server.pump.failure is not None:  # logged where it happened
-        raise SystemExit(1)
+    return 1 if server.pump.failure is not None else 0  # an IO failure is logged where it happened

@@ -34,6 +34,7 @@ from structured_output import GrammarError, GrammarSpec, SpecKind
 from .chat_template import ChatTemplate, ChatTemplateError, template_messages, template_tools
 from .protocol import (
     ChatCompletionRequest,
+    CompletionRequest,
     ResponseFormatJsonObject,
     ResponseFormatJsonSchema,
     ResponseFormatStructuralTag,
@@ -176,6 +177,7 @@ class RequestBuilder:
             min_tokens=req.min_tokens,
             stop_token_ids=list(req.stop_token_ids or []),
             ignore_eos=req.ignore_eos,
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         )
 
     # ----- constraints -----------------------------------------------------------------
@@ -184,7 +186,7 @@ class RequestBuilder:
         """The grammar the answer must follow, or None."""
         if plan.forced:
             return self._forced_call(plan)
-        spec = _response_spec(req)
+        spec = response_spec(req)
         if spec is None:
             return None
         if self.tool_format is None:
@@ -214,7 +216,8 @@ def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
     return kwargs
 
 
-def _response_spec(req: ChatCompletionRequest) -> GrammarSpec | None:
+def response_spec(req: ChatCompletionRequest | CompletionRequest) -> GrammarSpec | None:
+    """The constraint ``response_format`` or ``structured_outputs`` asks for, or None."""
     rf = req.response_format
     if isinstance(rf, ResponseFormatJsonObject):
         return GrammarSpec(SpecKind.JSON_OBJECT)

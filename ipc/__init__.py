@@ -12,6 +12,8 @@ from .keys import (
     serve_curve,
 )
 from .messages import (
+    ENGINE_FULL,
+    MAX_TOP_LOGPROBS,
     NOT_GREETED,
     PROTOCOL_VERSION,
     SHUTDOWN_REFUSED,
@@ -31,6 +33,7 @@ from .messages import (
     SamplingParams,
     Shutdown,
     StructuredOutputSpec,
+    TokenLogprobs,
 )
 from .transport import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -46,7 +49,9 @@ from .transport import (
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "ENGINE_FULL",
     "ENVELOPE_BYTES",
+    "MAX_TOP_LOGPROBS",
     "NOT_GREETED",
     "PROTOCOL_VERSION",
     "SHUTDOWN_REFUSED",
@@ -73,6 +78,7 @@ __all__ = [
     "Shutdown",
     "SocketPump",
     "StructuredOutputSpec",
+    "TokenLogprobs",
     "WireError",
     "check_bind_address",
     "connect_curve",

@@ -368,7 +368,7 @@ class ReasoningStream:
     the ids.
     """
 
-    __slots__ = ("tracker", "include_reasoning", "_tb", "_r", "_c")
+    __slots__ = ("tracker", "include_reasoning", "_tb", "_r", "_c", "answer_start")
 
     def __init__(
         self,
@@ -386,12 +386,14 @@ class ReasoningStream:
         self._tb = token_bytes
         self._r = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._c = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        #: where the answer began among the ids of the last `push` (None: not there)
+        self.answer_start: AnswerStart | None = None
 
     def push(self, token_ids: Sequence[int]) -> DeltaSplit:
         if self.tracker is None:
             assert self._tb is not None
             return self._decode(TextSplit(b"", b"".join(map(self._tb, token_ids))), final=False)
-        text, _ = self.tracker.split_bytes(token_ids)
+        text, self.answer_start = self.tracker.split_bytes(token_ids)
         return self._decode(text, final=False)
 
     def finish(self, tail: bytes = b"") -> DeltaSplit:

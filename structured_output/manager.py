@@ -3,16 +3,20 @@ kwargs, request guides, and the bitmask filler."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reasoning import ParserCache, ReasoningParser
 
 from .bitmask import BitmaskFiller, FilledMask
 from .compile_service import CompileService
+from .config import StructuredOutputConfig
+from .guard import GuardedMatcher, GuardTable
 from .guide import RequestGuide
 from .specs import CompileOptions, GrammarSpec
 from .vocab import tokenizer_info_for
@@ -22,20 +26,8 @@ if TYPE_CHECKING:
 
     from tokenization import Tokenizer
 
-
-@dataclass(frozen=True, slots=True)
-class StructuredOutputConfig:
-    max_whitespace: int = 16
-    max_spec_bytes: int = 1 << 20
-    compile_workers: int = 2
-    compile_timeout_s: float = 10.0
-    cache_bytes: int = 512 << 20
-    worker_memory_bytes: int = 8 << 30
-    #: a compiled grammar larger than this (serialized, as it travels from its worker)
-    #: is refused: loading it costs the engine several times as much
-    max_compiled_bytes: int = 256 << 20
-    fill_batch_threshold: int = 64
-    fill_threads: int = 2
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class StructuredOutputManager:
@@ -62,25 +54,42 @@ class StructuredOutputManager:
         self._guides: weakref.WeakSet[RequestGuide] = weakref.WeakSet()
         if reasoning_parser is not None:
             self.parser_for(None)  # a parser that cannot serve this vocabulary stops start-up
-        self.tokenizer_info = tokenizer_info_for(tokenizer)
+        # Built in the background (start-up answers its handshake meanwhile); the first
+        # grammar to load, and the first guide, wait for them.
+        self._tokenizer_info = _in_background(
+            "xgrammar TokenizerInfo", lambda: tokenizer_info_for(tokenizer)
+        )
         self.compiler = CompileService(
             tokenizer,
             self.options,
-            self.tokenizer_info,
+            self._tokenizer_info,
             num_workers=config.compile_workers,
             timeout_s=config.compile_timeout_s,
-            cache_bytes=config.cache_bytes,
-            worker_memory_bytes=config.worker_memory_bytes,
-            max_compiled_bytes=config.max_compiled_bytes,
+            cache_bytes=config.grammar_cache_mb << 20,
+            worker_memory_bytes=config.compile_worker_memory_mb << 20,
+            max_compiled_bytes=config.max_compiled_grammar_mb << 20,
         )
-        self.filler = BitmaskFiller(
-            max_num_seqs,
-            tokenizer.vocab_rows,
-            pin_memory=pin_memory,
-            num_buffers=2 if pin_memory else 1,
-            batch_threshold=config.fill_batch_threshold,
-            max_threads=config.fill_threads,
+        self._guard: Future[GuardTable] = _in_background(
+            "guard table",
+            lambda: GuardTable(
+                tokenizer.all_token_bytes,
+                tokenizer.vocab_rows,
+                special_ids=tokenizer.special_ids,
+                limit=config.max_whitespace,
+            ),
         )
+        try:
+            self.filler = BitmaskFiller(
+                max_num_seqs,
+                tokenizer.vocab_rows,
+                pin_memory=pin_memory,
+                num_buffers=2 if pin_memory else 1,
+                batch_threshold=config.fill_batch_threshold,
+                max_threads=config.fill_threads,
+            )
+        except BaseException:
+            self.compiler.close()  # its workers, started already
+            raise
 
     def parser_for(self, kwargs: Mapping[str, Any] | None) -> ReasoningParser | None:
         """The engine's reasoning parser built with a request's chat-template kwargs,
@@ -107,15 +116,16 @@ class StructuredOutputManager:
     ) -> RequestGuide | None:
         """The guide of one request, or None when it needs none (no grammar, and no
         reasoning to track)."""
-        import xgrammar as xgr
-
         parser = self.parser_for(reasoning_kwargs) if reasoning_ended is not None else None
         tracker = parser.tracker(prompt_token_ids, reasoning_ended) if parser is not None else None
-        matcher = (
-            xgr.GrammarMatcher(grammar, override_stop_tokens=list(stop_token_ids))
-            if grammar is not None
-            else None
-        )
+        matcher = None
+        if grammar is not None:
+            matcher = GuardedMatcher(
+                grammar,
+                self.guard,
+                json_text=getattr(grammar, "json_text", False),
+                override_stop_tokens=stop_token_ids,
+            )
         if tracker is None and matcher is None:
             return None
         guide = RequestGuide(
@@ -127,6 +137,19 @@ class StructuredOutputManager:
         )
         self._guides.add(guide)
         return guide
+
+    @property
+    def tokenizer_info(self) -> xgr.TokenizerInfo:
+        return self._tokenizer_info.result()
+
+    @property
+    def guard(self) -> GuardTable:
+        """The guard table (`guard.py`), built in the background at start-up; the first
+        request with a grammar waits for it."""
+        table = self._guard.result()
+        if self.filler.guard is None:
+            self.filler.guard = table
+        return table
 
     @property
     def num_guides(self) -> int:
@@ -146,3 +169,23 @@ class StructuredOutputManager:
 
     def close(self) -> None:
         self.compiler.close()
+        self.filler.close()
+
+
+def _in_background(name: str, build: Callable[[], T]) -> Future[T]:
+    """``build()`` on a daemon thread; its result, or the error it raised, in a future.
+    How long it took is logged."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        try:
+            future.set_result(build())
+        except BaseException as e:  # handed to whoever waits for the result
+            log.error("%s failed: %s", name, e)
+            future.set_exception(e)
+        else:
+            log.info("%s ready in %.2f s (in the background)", name, time.perf_counter() - t0)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
+
+from ..options import read_options
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
@@ -24,27 +26,27 @@ class RunnerRow(Protocol):
     model_seed: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunnerOptions:
+    """What the engine tells every runner."""
+
     device: str = "cpu"
     seed: int = 0
     max_num_seqs: int = 256
-    #: a fixed cost added to every forward pass, in milliseconds (benchmarks)
-    forward_ms: float = 0.0
-    #: added to the logits of tokens that close strings, structures and markers, so
-    #: that a random model ends its outputs
-    closing_bias: float = 3.0
-    #: texts that end free text in the formats a test drives (a closing tag spelled
-    #: in ordinary tokens, say): a random model leans into writing them once begun
-    ending_texts: list[str] = field(default_factory=list)
-    script: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
     #: ``auto`` (bfloat16 on CUDA, float32 elsewhere), ``float32``, ``bfloat16``,
     #: ``float16`` or ``float64``: the weights and activations of a real model
     dtype: str = "auto"
     #: tokens one forward pass feeds at most, decoding rows first: a prompt longer than
     #: what is left is prefilled in chunks over several steps (runners that chunk)
     max_num_batched_tokens: int = 2048
+    #: the runner's own options (``--runner-options``, JSON-like), read into an
+    #: instance of its `ModelRunner.Options` as ``runner.own``
+    own: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a runner that takes none."""
 
 
 @dataclass(slots=True)
@@ -103,9 +105,14 @@ class ModelRunner(ABC):
     #: drops a row's last positions
     multi_token: ClassVar[bool] = False
 
+    #: the dataclass of this runner's own options (fields made with
+    #: `engine_core.options.option`); an unknown or mistyped one stops the start-up
+    Options: ClassVar[type] = NoOptions
+
     def __init__(self, tokenizer: Tokenizer, options: RunnerOptions) -> None:
         self.tokenizer = tokenizer
         self.options = options
+        self.own = read_options(self.Options, options.own, f"model runner {self.name}")
         self.device = torch.device(options.device)
         self.vocab_rows = tokenizer.vocab_rows
 

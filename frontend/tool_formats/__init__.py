@@ -2,9 +2,10 @@
 
 from .base import (
     FunctionTool,
+    Markup,
+    ParsedCall,
     ParsedOutput,
     StreamDelta,
-    ToolCall,
     ToolCallDelta,
     ToolCallParser,
     ToolFormat,
@@ -25,9 +26,10 @@ __all__ = [
     "TOOL_FORMATS",
     "FunctionTool",
     "JsonSchemaToolFormat",
+    "Markup",
+    "ParsedCall",
     "ParsedOutput",
     "StreamDelta",
-    "ToolCall",
     "ToolCallDelta",
     "ToolCallParser",
     "ToolFormat",

@@ -43,11 +43,25 @@ class FunctionTool:
 
 
 @dataclass(slots=True)
-class ToolCall:
+class ParsedCall:
+    """One call read back from an output (the wire form is `frontend.protocol.ToolCall`)."""
+
     id: str
     name: str
     #: the arguments as JSON text
     arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Markup:
+    """The fixed texts of a family's call syntax, read off its description: what a
+    model writes around and between the names and arguments of its calls."""
+
+    #: every fixed text: markers, tags, the punctuation of the call syntax
+    texts: tuple[str, ...]
+    #: what the constraint writes between two calls ("" when nothing, or one call per
+    #: output)
+    separator: str = ""
 
 
 @dataclass(slots=True)
@@ -73,7 +87,7 @@ class StreamDelta:
 @dataclass(slots=True)
 class ParsedOutput:
     content: str | None
-    tool_calls: list[ToolCall]
+    tool_calls: list[ParsedCall]
 
 
 def default_call_id() -> str:
@@ -82,7 +96,8 @@ def default_call_id() -> str:
 
 class ToolCallParser(ABC):
     """Reads one output's content text, incrementally. Per-call work is proportional
-    to the new text; only an unresolved tail (a partial marker) is held back."""
+    to the new text; only what is unresolved is held back (a partial marker, a call
+    not yet complete: a call comes out whole, once it is known to be one)."""
 
     def __init__(
         self, fmt: ToolFormat, tools: Sequence[FunctionTool], *, named: str | None = None
@@ -152,6 +167,12 @@ class ToolFormat(ABC):
         deltas = [parser.push(text), parser.finish()]
         return collect(deltas)
 
+    @property
+    def markup(self) -> Markup:
+        """The fixed texts of this family's syntax (its special markers, unless the
+        family describes more)."""
+        return Markup(self.special_markers)
+
     def response_constraint(self, spec: GrammarSpec) -> GrammarSpec:
         """The grammar for a ``response_format`` answer in this family's syntax: ``spec``
         itself, unless the family wraps its answers (Harmony's final channel)."""
@@ -161,13 +182,13 @@ class ToolFormat(ABC):
 def collect(deltas: Sequence[StreamDelta]) -> ParsedOutput:
     """Fold stream deltas into the whole-output form."""
     content: list[str] = []
-    calls: dict[int, ToolCall] = {}
+    calls: dict[int, ParsedCall] = {}
     for d in deltas:
         content.append(d.content)
         for c in d.tool_calls:
             call = calls.get(c.index)
             if call is None:
-                call = calls[c.index] = ToolCall(id=c.id or "", name=c.name or "", arguments="")
+                call = calls[c.index] = ParsedCall(id=c.id or "", name=c.name or "", arguments="")
             call.arguments += c.arguments
     text = "".join(content)
     return ParsedOutput(content=text or None, tool_calls=[calls[i] for i in sorted(calls)])

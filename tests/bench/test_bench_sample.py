@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from bench.cli import main
-from bench.sampling import MIXES
+from bench.names import MIXES
 
 
 def test_sample_bench(tmp_path, capsys):

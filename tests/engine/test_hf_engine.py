@@ -21,6 +21,7 @@ import torch
 from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from structured_output import GrammarSpec
+from structured_output.config import StructuredOutputConfig
 from structured_output.local import LocalCompiler
 from tests.support.engine import EngineHarness, collect
 from tests.support.tiny_model import (
@@ -95,7 +96,7 @@ def served(request, tmp_path_factory):
         dtype="float64",
         max_num_seqs=4,
         max_num_batched_tokens=16,
-        compile_workers=1,
+        structured_output=StructuredOutputConfig(compile_workers=1),
     )
     h = EngineHarness(config)
     yield h, path

@@ -29,6 +29,7 @@ from frontend.tool_formats import create_tool_format
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from reasoning import Phase, ReasoningParser, reasoning_parser_names
 from structured_output import GrammarSpec
+from structured_output.config import StructuredOutputConfig
 from tests.reasoning.cases import CASES, parser_for, tokenizer_for
 from tokenization import Tokenizer
 
@@ -138,9 +139,9 @@ def test_undecided_outputs_think_and_stay_valid(family: str, framed: bool, lean:
         model="random",
         reasoning_parser=family,
         max_num_seqs=REQUESTS,
-        compile_workers=1,
         seed=5,
-        ending_texts=[_opening_text(parser)] if lean else [],
+        runner_options={"ending_texts": [_opening_text(parser)] if lean else []},
+        structured_output=StructuredOutputConfig(compile_workers=1),
     )
     core = EngineCore(config, tok)
     try:

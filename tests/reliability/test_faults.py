@@ -27,6 +27,7 @@ from ipc import (
     SamplingParams,
     StructuredOutputSpec,
 )
+from structured_output.config import StructuredOutputConfig
 
 from .conftest import serve
 from .support import (
@@ -167,7 +168,11 @@ def test_compile_workers_exit_when_the_engine_is_killed_mid_compile():
     engine died."""
 
     async def body():
-        client = await EngineClient.spawn(EngineConfig(model="random", compile_timeout_s=300))
+        client = await EngineClient.spawn(
+            EngineConfig(
+                model="random", structured_output=StructuredOutputConfig(compile_timeout_s=300)
+            )
+        )
         try:
             await asyncio.to_thread(_idle_workers, client.proc.pid, 2)
             task = asyncio.create_task(
