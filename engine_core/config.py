@@ -131,6 +131,12 @@ class EngineConfig:
         "tokens one forward pass feeds at most, decoding rows first; a longer prompt is "
         "prefilled in chunks over several steps",
     )
+    jump_forward: bool = option(
+        False,
+        "append the text a request's grammar forces as tokens without sampling them (the "
+        "tokenizer's own split, up to a safe boundary); off by default: a model under a "
+        "mask may split that text otherwise, so a greedy output can change",
+    )
     structured_output: StructuredOutputConfig = dataclasses.field(
         default_factory=StructuredOutputConfig
     )

@@ -37,12 +37,14 @@ import numpy as np
 from ipc import ENGINE_FULL, EngineCoreOutput, EngineCoreRequest, FinishReason
 from structured_output import GrammarError
 from structured_output.bitmask import FilledMask
+from structured_output.jump_forward import ForcedTokens
 from structured_output.manager import StructuredOutputManager
 
 from .admission import check_request, error_message, spec_of
 from .config import EngineConfig
 from .isolation import sample_isolating
 from .logprobs import StepLogprobs
+from .multi_token import jump
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
@@ -119,6 +121,14 @@ class EngineCore:
         self.vocab_rows = tokenizer.vocab_rows
         self.sampler = Sampler(self.vocab_rows)
         self.model_stop_ids = tuple(tokenizer.stop_token_ids)
+        #: the forced text's tokens, with jump forward on
+        self.forced = (
+            ForcedTokens(lambda s: tokenizer.encode(s, special=False), tokenizer.all_token_bytes)
+            if config.jump_forward
+            else None
+        )
+        #: tokens appended by jump forward, not sampled
+        self.num_jumped_tokens = 0
         self.requests: dict[tuple[bytes, str], EngineRequest] = {}
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
@@ -444,6 +454,12 @@ class EngineCore:
                 elif n >= r.max_tokens:
                     self._finish(r, FinishReason.LENGTH)
                 else:
+                    if self.forced is not None:
+                        self.num_jumped_tokens += jump(r, self.forced)
+                        n = len(r.output_ids)
+                        if n >= r.max_tokens:
+                            self._finish(r, FinishReason.LENGTH)
+                            continue
                     out.append(
                         (
                             r.client,
