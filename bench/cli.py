@@ -1,4 +1,4 @@
-"""thinkgate bench fill|apply|sample|e2e|throughput|latency|http|startup: measure the
+"""thinkgate bench fill|apply|sample|e2e|throughput|jump|latency|http|startup: measure the
 engine's structured-output paths side by side with the usual way, the engine process
 around the model, its throughput against transformers, its start-up, and the HTTP
 server. See bench/README.md."""
@@ -202,6 +202,20 @@ def parser() -> argparse.ArgumentParser:
         help="constrained requests take these in turn",
     )
     p = sub.add_parser(
+        "jump",
+        help="forward passes per forced tool call with and without jump forward, on one "
+        "model directory",
+    )
+    _common(p, iters=0, warmup=0)
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        required=True,
+        help="a model directory, or scripted (writes each call with example arguments)",
+    )
+    p.add_argument("--calls", type=int, default=8, help="calls per case, at most 8 (default 8)")
+    p.add_argument("--max-tokens", type=int, default=128, help="per call (default 128)")
+    p = sub.add_parser(
         "latency",
         help="the engine process: 1-token round trip through the client, steps per second",
     )
@@ -313,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         print(throughput.table(records))
         if args.plot:
             throughput.plot(records, args.plot)
+    elif args.bench == "jump":
+        from . import jump
+
+        records = jump.run(args)
+        print(jump.table(records))
     elif args.bench == "fill" and args.peer_python:
         from .peer import run, table
 
