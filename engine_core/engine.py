@@ -144,7 +144,8 @@ class EngineCore:
             self.so.parser_for(req.reasoning_parser_kwargs)  # kwargs the parser rejects
         if req.structured_output is None:
             return None
-        return GrammarSpec.of(req.structured_output.kind, req.structured_output.value)
+        so = req.structured_output
+        return GrammarSpec.of(so.kind, so.value, so.ignore_unsupported_keywords)
 
     def abort(self, client: bytes, request_ids: Iterable[str]) -> list[Output]:
         out: list[Output] = []

@@ -36,6 +36,7 @@ class CompileJob(msgspec.Struct, array_like=True):
     job_id: int
     kind: str
     value: str
+    ignore_unsupported: bool = False
 
 
 class CompileReply(msgspec.Struct, array_like=True):
@@ -108,7 +109,10 @@ def main() -> int:
         job = dec.decode(raw)
         try:
             compiled = compile_spec(
-                compiler, GrammarSpec.of(job.kind, job.value), options, specials
+                compiler,
+                GrammarSpec.of(job.kind, job.value, job.ignore_unsupported),
+                options,
+                specials,
             )
             text = compiled.serialize_json()
             if 0 < init.max_compiled_bytes < len(text):

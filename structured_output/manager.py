@@ -17,6 +17,7 @@ from .bitmask import BitmaskFiller, FilledMask
 from .compile_service import CompileService
 from .guide import RequestGuide, SeparatorTable
 from .specs import CompileOptions, GrammarSpec
+from .structural_tags import require_marker_binding
 from .vocab import tokenizer_info_for
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class StructuredOutputManager:
         self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
         self._separators: dict[bytes, SeparatorTable] = {}
         self._guides: weakref.WeakSet[RequestGuide] = weakref.WeakSet()
+        require_marker_binding()  # an xgrammar without it would leave markers as text
         if reasoning_parser is not None:
             self.parser_for(None)  # a parser that cannot serve this vocabulary stops start-up
         self.tokenizer_info = tokenizer_info_for(tokenizer)

@@ -41,15 +41,18 @@ class CompileOptions:
 class GrammarSpec:
     kind: SpecKind
     value: str = ""
+    #: JSON schemas (also those inside a structural tag): leave out keywords the
+    #: grammar cannot enforce, instead of refusing the spec (see `json_schemas`)
+    ignore_unsupported: bool = False
 
     @classmethod
-    def of(cls, kind: str, value: str = "") -> GrammarSpec:
+    def of(cls, kind: str, value: str = "", ignore_unsupported: bool = False) -> GrammarSpec:
         try:
             k = SpecKind(kind)
         except ValueError:
             known = ", ".join(k.value for k in SpecKind)
             raise GrammarError(f"unknown structured-output kind {kind!r}; known: {known}") from None
-        return cls(k, value)
+        return cls(k, value, ignore_unsupported)
 
 
 _XGR_NOISE = re.compile(r"\[\d\d:\d\d:\d\d\] \S+?:\d+: |Check failed: \(.*?\) is false: ")
@@ -96,11 +99,14 @@ def compile_spec(
     ``special_tokens`` (text -> id) are the vocabulary's sealed special tokens (see
     `vocab.py`): a structural tag's markers are bound and resolved against them."""
     check_spec(spec, options)
+    from .json_schemas import normalize_spec
+
     try:
+        spec = normalize_spec(spec).spec  # JSON schemas as xgrammar enforces them exactly
         return _compile(compiler, spec, options, special_tokens or {})
     except GrammarError:
         raise
-    except (RuntimeError, ValueError, TypeError) as e:
+    except (RuntimeError, ValueError, TypeError, LookupError, AttributeError) as e:
         raise GrammarError(f"invalid {spec.kind.value}: {clean_xgrammar_message(e)}") from None
 
 
