@@ -188,6 +188,10 @@ class ChatCompletionRequest(_In):
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParam | None = None
+    #: JSON schemas (response_format, structured_outputs, tool parameters): leave out
+    #: the keywords the grammar cannot enforce instead of refusing the request; the
+    #: response states which were left out
+    ignore_unsupported_keywords: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     #: False: the thinking is left out of the message and the stream (it still happens)
     include_reasoning: bool = True

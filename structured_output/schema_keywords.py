@@ -70,9 +70,7 @@ REFUSED: tuple[str, ...] = (
     "minContains",
     "maxContains",
     "$dynamicRef",
-    "$dynamicAnchor",
     "$recursiveRef",
-    "$recursiveAnchor",
 )
 
 #: keywords that never change whether a value is valid (JSON Schema's annotations)
@@ -89,6 +87,8 @@ ANNOTATIONS = frozenset(
         "$schema",
         "$id",
         "$anchor",
+        "$dynamicAnchor",
+        "$recursiveAnchor",
         "$vocabulary",
         "contentEncoding",
         "contentMediaType",

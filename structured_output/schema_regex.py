@@ -93,7 +93,7 @@ _ECMA_LINE_ENDS = _chars("\n\r\u2028\u2029")
 def _python_class(letter: str) -> Ranges:
     """Python's ``\\d``, ``\\w`` or ``\\s`` on str patterns (Unicode), computed once."""
     text = "".join(map(chr, range(MAX_CODE_POINT + 1)))
-    return _norm([(m.start(), m.start()) for m in re.finditer("\\" + letter, text)])
+    return _norm([(m.start(), m.end() - 1) for m in re.finditer(f"\\{letter}+", text)])
 
 
 @dataclass(frozen=True, slots=True)

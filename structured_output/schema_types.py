@@ -390,16 +390,15 @@ def _object(n: Normalizer, node: dict[str, Any], dpath: str, kind: str) -> Schem
             out.pop("patternProperties", None)
         else:
             out["propertyNames"] = r
-    if dropped and out.get("additionalProperties") not in (None, False):
-        out["additionalProperties"] = False  # so a left-out property cannot come back
-
     low, high = _count(n, node, "minProperties", dpath), _count(n, node, "maxProperties", dpath)
     if high is not None and high < len(kept_required):
         return Unsat(f"it requires {len(kept_required)} properties, and allows {high}")
     if low:
         out["minProperties"] = low
-        if low > len(out_props) and extra is None and not out_patterns:
+        if low > len(out_props) and extra is None and not out_patterns and not dropped:
             out["additionalProperties"] = True  # absent: any property may be added
+    if dropped:
+        out["additionalProperties"] = False  # so a left-out property cannot come back
     if high is not None:
         out["maxProperties"] = high
     return out

@@ -5,10 +5,10 @@ Two rewrites, before xgrammar compiles a tag:
 1. markers written as text inside the tag's literals (``"begin": "<tool_call>\\n"``,
    a trigger ``"<tool_call>"``, a constant string) become the marker's token, as the
    model writes it (with xgrammar's own marker binder, which also turns free text
-   under a token end into token-level free text). A shape the binder cannot rewrite is an error for that request (markers left as
-   text could be spelled in pieces, which parsers matching token ids never see), and
-   an xgrammar without the binder stops the engine at start-up
-   (`require_marker_binding`);
+   under a token end into token-level free text). A shape the binder cannot rewrite
+   is an error for that request (markers left as text could be spelled in pieces,
+   which parsers matching token ids never see), and an xgrammar without the binder
+   stops the engine at start-up (`require_marker_binding`);
 2. every token named by its text (``{"type": "token", "token": "<tool_call>"}``,
    ``exclude_tokens``, ``trigger_tokens``, token-dispatch rules) is replaced by its id,
    since xgrammar cannot find a sealed token by its text.
