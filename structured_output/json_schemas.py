@@ -296,6 +296,10 @@ class Normalizer:
         self, a: dict[str, Any] | bool, b: dict[str, Any] | bool, dpath: str, depth: int
     ) -> dict[str, Any] | bool:
         """The conjunction of two flattened nodes, as one node."""
+        if a is False or b is False:
+            return False
+        if not a or not b:  # one side admits anything (a reference stays a reference)
+            return dict(a or b)
         a, b = self.deref(a, dpath, depth), self.deref(b, dpath, depth)
         if a is False or b is False:
             return False
