@@ -22,7 +22,7 @@ from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutpu
 from tests.support.contradictions import contradictory_object, with_unsatisfiable_required
 from tests.support.core_run import run_to_end
 
-DOCUMENTS = 40
+DOCUMENTS = 20
 SEEDS_PER_DOCUMENT = 3
 MAX_TOKENS = 384
 

@@ -24,7 +24,7 @@ from structured_output.schema_keywords import ENFORCED, REFUSED, readme_table
 from tests.structured_output.test_json_schemas import REFUSED_VALUES
 from tests.support.core_run import run_to_end
 
-SEEDS = 6
+SEEDS = 4
 SLOW_SEEDS = 40
 MAX_TOKENS = 256
 DRAFT4 = "http://json-schema.org/draft-04/schema#"

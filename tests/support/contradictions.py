@@ -167,12 +167,14 @@ def contradictory_object(rng: random.Random, depth: int = 0, *, size: int | None
     return out
 
 
-def with_unsatisfiable_required(rng: random.Random, schema: Schema) -> tuple[Schema, str]:
+def with_unsatisfiable_required(
+    rng: random.Random, schema: Schema, *, nested: bool | None = None
+) -> tuple[Schema, str]:
     """``schema`` (an object) with one more property, required, that no value fits,
-    perhaps inside a required nested object; and that property's path."""
+    inside a required nested object if ``nested`` (None: either); and its path."""
     bad, _ = contradiction(rng, fits=False)
     out = copy.deepcopy(schema)
-    if rng.random() < 0.5:
+    if nested or (nested is None and rng.random() < 0.5):
         out["properties"]["holder"] = {
             "type": "object",
             "properties": {"bad": bad},
