@@ -25,6 +25,7 @@ are dropped; a pattern left with none is refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -89,23 +90,41 @@ _ECMA = {
 _ECMA_LINE_ENDS = _chars("\n\r\u2028\u2029")
 
 
+#: Python's ``\\s`` on str patterns (what ``str.isspace`` holds)
+PYTHON_SPACE = _union(
+    _chars("\t\n\v\f\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"),
+    ((0x2000, 0x200A),),
+)
+
+
 @cache
-def _python_class(letter: str) -> Ranges:
-    """Python's ``\\d``, ``\\w`` or ``\\s`` on str patterns (Unicode), computed once."""
+def python_class(letter: str) -> Ranges:
+    """Python's ``\\d``, ``\\w`` or ``\\s`` on str patterns (Unicode), computed once (half a
+    second: only a negated ``\\d`` or ``\\w`` needs it)."""
     text = "".join(map(chr, range(MAX_CODE_POINT + 1)))
     return _norm([(m.start(), m.end() - 1) for m in re.finditer(f"\\{letter}+", text)])
 
 
-@dataclass(frozen=True, slots=True)
 class _Set:
     """A class both dialects read: ``sure`` holds the characters both put in it,
-    ``maybe`` those either does; its negation swaps and complements them."""
+    ``maybe`` those either does (computed when a negation needs it); a negation swaps
+    and complements them."""
 
-    sure: Ranges
-    maybe: Ranges
+    __slots__ = ("sure", "_maybe")
+
+    def __init__(self, sure: Ranges, maybe: Ranges | Callable[[], Ranges]) -> None:
+        self.sure = sure
+        self._maybe = maybe
+
+    @property
+    def maybe(self) -> Ranges:
+        if callable(self._maybe):
+            self._maybe = self._maybe()
+        return self._maybe
 
     def negated(self) -> _Set:
-        return _Set(_complement(self.maybe), _complement(self.sure))
+        sure = self.sure
+        return _Set(_complement(self.maybe), lambda: _complement(sure))
 
 
 def _exact(s: Ranges) -> _Set:
@@ -114,8 +133,11 @@ def _exact(s: Ranges) -> _Set:
 
 def _shorthand(letter: str) -> _Set:
     base = letter.lower()
-    ecma, py = _ECMA[base], _python_class(base)
-    s = _Set(_intersect(ecma, py), _union(ecma, py))
+    ecma = _ECMA[base]
+    if base == "s":
+        s = _Set(_intersect(ecma, PYTHON_SPACE), _union(ecma, PYTHON_SPACE))
+    else:  # ECMA's digits and word characters are a subset of Python's
+        s = _Set(ecma, lambda: _union(ecma, python_class(base)))
     return s.negated() if letter.isupper() else s
 
 
@@ -347,7 +369,7 @@ class _Parser:
                 parts.append(_exact(((lo, hi),)))
             else:
                 parts.append(item)
-        s = _Set(_union(*(p.sure for p in parts)), _union(*(p.maybe for p in parts)))
+        s = _Set(_union(*(p.sure for p in parts)), lambda: _union(*(p.maybe for p in parts)))
         return (s.negated() if negate else s).sure
 
     def class_atom(self) -> _Set:
@@ -359,7 +381,7 @@ class _Parser:
 
 
 def _single(s: _Set) -> int | None:
-    if s.sure == s.maybe and len(s.sure) == 1 and s.sure[0][0] == s.sure[0][1]:
+    if len(s.sure) == 1 and s.sure[0][0] == s.sure[0][1] and s.maybe == s.sure:
         return s.sure[0][0]
     return None
 

@@ -17,7 +17,13 @@ from frontend.tool_formats.schemas import normalize_tools
 from structured_output import GrammarSpec
 from structured_output.json_schemas import normalize_schema, normalize_spec
 from structured_output.schema_keywords import REFUSED, SchemaError
-from structured_output.schema_regex import WRITABLE, PatternError, rewrite_pattern
+from structured_output.schema_regex import (
+    PYTHON_SPACE,
+    WRITABLE,
+    PatternError,
+    python_class,
+    rewrite_pattern,
+)
 from tests.support.contradictions import (
     DEFS,
     SHAPES,
@@ -282,3 +288,7 @@ def test_structural_tags_have_their_schemas_normalized():
         match=r"^structural_tag json_schema at elements\[1\]: the required property 'x'",
     ):
         normalize_spec(bad)
+
+
+def test_the_written_down_python_space_class_is_pythons():
+    assert PYTHON_SPACE == python_class("s")
