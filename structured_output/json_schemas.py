@@ -426,7 +426,11 @@ class Normalizer:
             raise self.invalid(dpath, "enum must be a list")
         rest = {k: v for k, v in node.items() if k != "enum"}
         kept = values
-        if rest and values:
+        plain_type = isinstance(rest.get("type"), str | list)
+        if set(rest) == {"type"} and plain_type and values:  # the common case, quicker
+            types = _types(rest["type"])
+            kept = [v for v in values if _fits_type(v, types)]
+        elif rest and values:
             try:
                 check = self.validator(rest)
                 kept = [v for v in values if check.is_valid(v)]
