@@ -63,11 +63,17 @@ class Unsat:
 
 
 def normalize_schema(
-    schema: Schema, *, ignore_unsupported: bool = False, subject: str = "the schema"
+    schema: Schema,
+    *,
+    ignore_unsupported: bool = False,
+    subject: str = "the schema",
+    filtered: bool = False,
 ) -> NormalizedSchema:
     """``schema`` rewritten as described above. ``subject`` begins every error message
-    (``"tool 'get_weather'"``, ``"response_format schema"``)."""
-    n = Normalizer(schema, ignore_unsupported, subject)
+    (``"tool 'get_weather'"``, ``"response_format schema"``). ``filtered``: the schema
+    sits in a structural tag's json_schema with ``excludes``, where xgrammar drops the
+    length bounds of strings (so they are refused there)."""
+    n = Normalizer(schema, ignore_unsupported, subject, filtered)
     out = n.norm(schema, "")
     if isinstance(out, Unsat):
         if out.path:
@@ -94,11 +100,12 @@ def normalize_spec(spec: GrammarSpec) -> NormalizedSpec:
         ignored: list[str] = []
         dropped: list[str] = []
 
-        def fix(schema: Schema, where: str) -> Schema:
+        def fix(schema: Schema, where: str, filtered: bool) -> Schema:
             r = normalize_schema(
                 schema,
                 ignore_unsupported=spec.ignore_unsupported,
                 subject=f"structural_tag json_schema at {where}",
+                filtered=filtered,
             )
             ignored.extend(f"{where}: {x}" for x in r.ignored)
             dropped.extend(f"{where}: {x}" for x in r.dropped)
@@ -112,7 +119,7 @@ def normalize_spec(spec: GrammarSpec) -> NormalizedSpec:
 _SCHEMA_FORMATS = ("json_schema", "qwen_xml_parameter")
 
 
-def _map_tag_schemas(node: Any, fix: Callable[[Schema, str], Schema], where: str) -> Any:
+def _map_tag_schemas(node: Any, fix: Callable[[Schema, str, bool], Schema], where: str) -> Any:
     if isinstance(node, list):
         return [_map_tag_schemas(x, fix, f"{where}[{i}]") for i, x in enumerate(node)]
     if not isinstance(node, dict):
@@ -120,7 +127,7 @@ def _map_tag_schemas(node: Any, fix: Callable[[Schema, str], Schema], where: str
     out = {}
     for k, v in node.items():
         if k == "json_schema" and node.get("type") in _SCHEMA_FORMATS:
-            out[k] = fix(v, where)
+            out[k] = fix(v, where, bool(node.get("excludes")))
         else:
             out[k] = _map_tag_schemas(v, fix, f"{where}.{k}" if where else k)
     return out
@@ -165,10 +172,11 @@ def join_path(base: str, name: str) -> str:
 class Normalizer:
     """One schema's walk (holds its root, for ``$ref``, and what it reports)."""
 
-    def __init__(self, root: Schema, ignore: bool, subject: str) -> None:
+    def __init__(self, root: Schema, ignore: bool, subject: str, filtered: bool = False) -> None:
         self.root = root
         self.ignore = ignore
         self.subject = subject
+        self.filtered = filtered
         self.ignored: list[str] = []
         self.dropped: list[str] = []
         #: output definitions by name, and the name of each reference resolved

@@ -43,8 +43,10 @@ ENFORCED: dict[str, str] = {
     "exclusiveMaximum": "also the draft-4 boolean form",
     "multipleOf": "integers: a whole step up to 1024 with no bound or both bounds at most "
     "10000 apart; a whole step on a number makes it an integer; otherwise refused",
-    "minLength": "counted in characters; refused together with pattern",
-    "maxLength": "counted in characters; refused together with pattern",
+    "minLength": "counted in characters; beside a pattern, only if the pattern implies it; "
+    "refused in a structural tag's json_schema with excludes",
+    "maxLength": "counted in characters; beside a pattern, only if the pattern implies it; "
+    "refused in a structural tag's json_schema with excludes",
     "pattern": "the whole string matches; lookarounds, backreferences, \\b, \\A, \\Z, "
     "\\p{..}, inline flags and possessive quantifiers are refused",
     "anyOf": "keywords beside it are merged into each branch",

@@ -459,10 +459,27 @@ def _group(node: object) -> str:
     return f"(?:{_write(node)})"
 
 
+def _lengths(node: object) -> tuple[int, int | None]:
+    """The fewest and most characters ``node`` matches (None: no most)."""
+    if isinstance(node, _Chars):
+        return 1, 1
+    if isinstance(node, _Seq):
+        spans = [_lengths(i) for i in node.items]
+        highs = [h for _, h in spans]
+        return sum(lo for lo, _ in spans), None if None in highs else sum(highs)  # type: ignore[arg-type]
+    if isinstance(node, _Alt):
+        spans = [_lengths(o) for o in node.options]
+        highs = [h for _, h in spans]
+        return min(lo for lo, _ in spans), None if None in highs else max(highs)  # type: ignore[type-var]
+    if isinstance(node, _Repeat):
+        lo, hi = _lengths(node.node)
+        most = None if hi is None or node.high is None else hi * node.high
+        return lo * node.low, most
+    raise TypeError(node)
+
+
 @cache
-def rewrite_pattern(pattern: str) -> str:
-    """``pattern`` in the subset xgrammar enforces exactly (full match, character
-    classes spelled out); `PatternError` names a construct outside it."""
+def _rewrite(pattern: str) -> tuple[str, int, int | None]:
     tree = _Parser(pattern).parse()
     pruned = _prune(tree)
     if pruned is None:
@@ -470,4 +487,16 @@ def rewrite_pattern(pattern: str) -> str:
             "it matches only text holding quotes, backslashes or control characters, "
             "which a JSON string holds only escaped"
         )
-    return f"^{_write(pruned)}$"
+    return (f"^{_write(pruned)}$", *_lengths(pruned))
+
+
+def rewrite_pattern(pattern: str) -> str:
+    """``pattern`` in the subset xgrammar enforces exactly (full match, character
+    classes spelled out); `PatternError` names a construct outside it."""
+    return _rewrite(pattern)[0]
+
+
+def pattern_lengths(pattern: str) -> tuple[int, int | None]:
+    """The fewest and most characters a string of the rewritten ``pattern`` has."""
+    _, low, high = _rewrite(pattern)
+    return low, high

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .json_schemas import TYPES, Unsat, join_path, json_equal
 from .schema_keywords import SHAPED_FORMATS
-from .schema_regex import PatternError, rewrite_pattern
+from .schema_regex import PatternError, pattern_lengths, rewrite_pattern
 
 if TYPE_CHECKING:
     from .json_schemas import Normalizer, Schema
@@ -214,12 +214,20 @@ def _string(n: Normalizer, node: dict[str, Any], dpath: str, kind: str) -> Schem
             n.unsupported("pattern", dpath, f"{pattern!r} has {e}")
     low, high = _count(n, node, "minLength", dpath), _count(n, node, "maxLength", dpath)
     if "pattern" in out:
-        for key, v in (("minLength", low), ("maxLength", high)):
-            if v is not None and not (key == "minLength" and v == 0):
-                n.unsupported(key, dpath, "beside a pattern")
+        # xgrammar ignores lengths beside a pattern: fine where the pattern implies them
+        shortest, longest = pattern_lengths(pattern)
+        if low is not None and shortest < low:
+            n.unsupported("minLength", dpath, "beside a pattern that allows shorter strings")
+        if high is not None and (longest is None or longest > high):
+            n.unsupported("maxLength", dpath, "beside a pattern that allows longer strings")
         return out
     if low is not None and high is not None and low > high:
         return Unsat(f"its minLength {low} exceeds its maxLength {high}")
+    if n.filtered:
+        for key, v in (("minLength", low), ("maxLength", high)):
+            if v is not None and not (key == "minLength" and v == 0):
+                n.unsupported(key, dpath, "xgrammar drops length bounds beside excludes")
+        low = high = None
     if low:
         out["minLength"] = low
     if high is not None:

@@ -292,3 +292,24 @@ def test_structural_tags_have_their_schemas_normalized():
 
 def test_the_written_down_python_space_class_is_pythons():
     assert PYTHON_SPACE == python_class("s")
+
+
+def test_lengths_beside_a_pattern_are_kept_only_where_the_pattern_implies_them():
+    implied = {"type": "string", "pattern": "^[A-Z]{3}$", "minLength": 3, "maxLength": 3}
+    assert normalize_schema(implied).schema == {"type": "string", "pattern": "^[A-Z]{3}$"}
+    for key, value in (("minLength", 2), ("maxLength", 9)):
+        loose = {"type": "string", "pattern": "^[a-z]+$", key: value}
+        with pytest.raises(SchemaError, match=f"^the schema: {key} at the root"):
+            normalize_schema(loose)
+
+
+def test_lengths_in_a_filtered_tag_schema_are_refused():
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"type": "string", "maxLength": 5},
+        "excludes": ["<|"],
+    }
+    with pytest.raises(SchemaError, match=r"maxLength at the root \(xgrammar drops"):
+        normalize_spec(GrammarSpec.of("structural_tag", json.dumps(fmt)))
+    del fmt["excludes"]
+    normalize_spec(GrammarSpec.of("structural_tag", json.dumps(fmt)))

@@ -164,8 +164,14 @@ CASES: dict[str, list[dict]] = {
         {"type": "integer", "multipleOf": 3, "minimum": 10, "maximum": 100},
         {"type": "number", "multipleOf": 5},
     ],
-    "minLength": [{"type": "string", "minLength": 3}],
-    "maxLength": [{"type": "string", "minLength": 1, "maxLength": 4}],
+    "minLength": [
+        {"type": "string", "minLength": 3},
+        {"type": "string", "pattern": "^[a-z]{2,3}$", "minLength": 2},
+    ],
+    "maxLength": [
+        {"type": "string", "minLength": 1, "maxLength": 4},
+        {"type": "string", "pattern": "^[A-Z]{3}$", "maxLength": 3},
+    ],
     "pattern": [
         {"type": "string", "pattern": r"^[A-Z]{2}-\d{3}$"},
         {"type": "string", "pattern": r"\S+@\S+"},
