@@ -365,7 +365,9 @@ def _object(n: Normalizer, node: dict[str, Any], dpath: str, kind: str) -> Schem
             continue
         out_props[name] = r
     out: dict[str, Any] = {"type": "object"}
-    if out_props:
+    if out_props or "properties" in node:
+        # kept even when empty: xgrammar reads {"type": "object"} as any object, and
+        # {"properties": {}} (strict) as no undeclared property
         out["properties"] = out_props
     kept_required = [x for x in required if x in out_props]
     if kept_required:

@@ -449,12 +449,22 @@ def test_closing_a_stream_early_aborts_the_request(engine, fe):
 
 
 def test_engine_errors_become_error_responses(engine, fe):
-    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
-    resp = engine.run(lambda: fe.create_chat_completion(body("JSON answer", response_format=bad)))
+    bad = {"regex": "(x"}  # only the engine's compiler reads regexes
+    resp = engine.run(lambda: fe.create_chat_completion(body("answer", structured_outputs=bad)))
     assert isinstance(resp, ErrorResponse) and resp.error.code == 400
-    assert "json_schema" in resp.error.message or "nonsense" in resp.error.message
-    chunks = stream(engine, fe, body("JSON answer", response_format=bad))
+    assert "regex" in resp.error.message
+    chunks = stream(engine, fe, body("answer", structured_outputs=bad))
     assert isinstance(chunks[-1], ErrorResponse)
+
+
+def test_schemas_the_engine_would_refuse_are_refused_before_it(engine, fe):
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+    for stream_it in (False, True):
+        b = body("JSON answer", response_format=bad, stream=stream_it)
+        resp = engine.run(lambda b=b: fe.create_chat_completion(b))
+        assert isinstance(resp, ErrorResponse) and resp.error.code == 400
+        assert resp.error.param == "response_format"
+        assert "unknown type 'nonsense'" in resp.error.message
 
 
 def test_bad_requests_never_reach_the_engine(engine, fe):
