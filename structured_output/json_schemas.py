@@ -215,8 +215,11 @@ class Normalizer:
     # ----- references --------------------------------------------------------------
 
     def resolve(self, ref: Any, dpath: str) -> Schema:
-        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
-            raise self.invalid(dpath, f"only local $ref ('#' or '#/...') is supported, not {ref!r}")
+        if not isinstance(ref, str):
+            raise self.invalid(dpath, f"$ref must be a string, not {ref!r}")
+        if not (ref == "#" or ref.startswith("#/")):
+            self.unsupported("$ref", dpath, f"{ref!r} is not a local reference ('#/...')")
+            return {}
         node = self.root
         for part in filter(None, ref[2:].split("/")):
             part = part.replace("~1", "/").replace("~0", "~")

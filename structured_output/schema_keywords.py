@@ -53,7 +53,7 @@ ENFORCED: dict[str, str] = {
     "oneOf": "when its branches cannot overlap (types, values, or a required property "
     "whose values differ); otherwise refused",
     "allOf": "merged into one schema; parts that cannot merge are refused",
-    "$ref": "local references (`#`, `#/...`); keywords beside it are merged in",
+    "$ref": "local references (`#`, `#/...`; others refused); keywords beside it are merged in",
     "$defs": "",
     "definitions": "",
 }
