@@ -31,7 +31,6 @@ from .schema_keywords import ANNOTATIONS, IGNORE_OPTION, REFUSED, SchemaError
 from .specs import GrammarSpec, SpecKind
 
 Schema = Any
-#: a refusal: ``(keyword, where, why)``
 _MAX_DEPTH = 64
 _MAX_BRANCHES = 64
 _PREVIEW = 5
@@ -332,7 +331,7 @@ class Normalizer:
 
     def _merge_key(self, k: str, va: Any, vb: Any, dpath: str) -> Any:
         if k == "type":
-            ta, tb = _types(va), _types(vb)
+            ta, tb = types_of(va), types_of(vb)
             common = [t for t in ta if t in tb]
             common += [t for t in ta if t == "integer" and "number" in tb and t not in common]
             common += [t for t in tb if t == "integer" and "number" in ta and t not in common]
@@ -439,7 +438,7 @@ class Normalizer:
         kept = values
         plain_type = isinstance(rest.get("type"), str | list)
         if set(rest) == {"type"} and plain_type and values:  # the common case, quicker
-            types = _types(rest["type"])
+            types = types_of(rest["type"])
             kept = [v for v in values if _fits_type(v, types)]
         elif rest and values:
             try:
@@ -455,13 +454,15 @@ class Normalizer:
             return {"enum": unique}
         if not values:
             return Unsat("its enum is empty")
-        types = _types(rest["type"]) if "type" in rest else []
+        types = types_of(rest["type"]) if "type" in rest else []
         if types and not any(_fits_type(v, types) for v in values):
             return Unsat(f"none of its enum values ({preview(values)}) is of type {_or(types)}")
         others = ", ".join(sorted(rest))
         return Unsat(f"none of its enum values ({preview(values)}) meets its {others}")
 
     def _branches(self, node: dict[str, Any], dpath: str) -> Schema | Unsat:
+        from .schema_oneof import disjoint
+
         rest = {k: v for k, v in node.items() if k not in ("anyOf", "oneOf")}
         kind = "anyOf" if "anyOf" in node else "oneOf"
         if kind == "anyOf" and "oneOf" in node:
@@ -478,13 +479,12 @@ class Normalizer:
             first = results[0]
             assert isinstance(first, Unsat)
             return Unsat(f"no {kind} branch admits a value; the first: {first.reason}", first.path)
-        if kind == "oneOf" and len(kept) > 1 and not self._disjoint(kept):
+        if kind == "oneOf" and len(kept) > 1 and not disjoint(self, kept):
             self.unsupported("oneOf", dpath, "its branches may overlap, and only one may match")
         return kept[0] if len(kept) == 1 else {"anyOf": kept}
 
-    # ----- oneOf: proving branches exclusive ------------------------------------------
-
-    def _target(self, node: Schema) -> Schema:
+    def target(self, node: Schema) -> Schema:
+        """A normalized node with its reference followed (to the output definition)."""
         for _ in range(_MAX_DEPTH):
             if not (isinstance(node, dict) and "$ref" in node):
                 return node
@@ -493,53 +493,6 @@ class Normalizer:
                 return {}
             node = self.defs.get(ref.rsplit("/", 1)[-1], {})
         return {}
-
-    def _describe(self, node: Schema) -> tuple[set[str] | None, list[Any] | None]:
-        """(the types a normalized node admits, or None: any; its values if finite)."""
-        node = self._target(node)
-        if "enum" in node:
-            return {json_type(v) for v in node["enum"]}, node["enum"]
-        if "anyOf" in node:
-            types: set[str] = set()
-            values: list[Any] | None = []
-            for b in node["anyOf"]:
-                t, v = self._describe(b)
-                if t is None:
-                    return None, None
-                types |= t
-                values = None if v is None or values is None else values + v
-            return types, values
-        if "type" in node:
-            return set(_types(node["type"])), None
-        return None, None
-
-    def _disjoint(self, branches: list[Schema]) -> bool:
-        return all(
-            self._apart(branches[i], branches[j])
-            for i in range(len(branches))
-            for j in range(i + 1, len(branches))
-        )
-
-    def _apart(self, x: Schema, y: Schema) -> bool:
-        (tx, vx), (ty, vy) = self._describe(x), self._describe(y)
-        if vx is not None and vy is not None:
-            return not any(json_equal(a, b) for a in vx for b in vy)
-        if tx is not None and ty is not None and not _overlap(tx, ty):
-            return True
-        return self._discriminated(self._target(x), self._target(y))
-
-    def _discriminated(self, x: Schema, y: Schema) -> bool:
-        """Two object schemas that both require a property whose values differ."""
-        if x.get("type") != "object" or y.get("type") != "object":
-            return False
-        both = set(x.get("required", ())) & set(y.get("required", ()))
-        for name in both:
-            _, vx = self._describe(x["properties"][name])
-            _, vy = self._describe(y["properties"][name])
-            if vx is not None and vy is not None:
-                if not any(json_equal(a, b) for a in vx for b in vy):
-                    return True
-        return False
 
 
 class _Drop:
@@ -564,18 +517,14 @@ def _at(items: list[Any], i: int) -> Any:
     return items[i] if i < len(items) else None
 
 
-def _types(value: Any) -> list[str]:
+def types_of(value: Any) -> list[str]:
+    """A ``type`` keyword's names, as a list."""
     return [value] if isinstance(value, str) else list(value)
 
 
 def _fits_type(v: Any, types: list[str]) -> bool:
     t = json_type(v)
     return t in types or (t == "integer" and "number" in types)
-
-
-def _overlap(a: set[str], b: set[str]) -> bool:
-    num = {"integer", "number"}
-    return bool(a & b) or bool(a & num and b & num)
 
 
 def _or(types: list[str]) -> str:

@@ -307,7 +307,7 @@ def _array(n: Normalizer, node: dict[str, Any], dpath: str, kind: str) -> Schema
 
 def _finite(n: Normalizer, schema: Schema | None) -> list[Any] | None:
     """The distinct values a normalized schema admits, if they are few and known."""
-    target = n._target(schema) if isinstance(schema, dict) else None
+    target = n.target(schema) if isinstance(schema, dict) else None
     if not isinstance(target, dict):
         return None
     if "enum" in target:

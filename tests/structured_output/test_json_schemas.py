@@ -313,3 +313,33 @@ def test_lengths_in_a_filtered_tag_schema_are_refused():
         normalize_spec(GrammarSpec.of("structural_tag", json.dumps(fmt)))
     del fmt["excludes"]
     normalize_spec(GrammarSpec.of("structural_tag", json.dumps(fmt)))
+
+
+def test_one_of_is_enforced_only_where_its_branches_cannot_overlap():
+    kinds = {
+        "$defs": {
+            "Cat": {
+                "type": "object",
+                "properties": {"kind": {"const": "cat"}},
+                "required": ["kind"],
+            },
+            "Dog": {
+                "type": "object",
+                "properties": {"kind": {"enum": ["dog"]}},
+                "required": ["kind"],
+            },
+        },
+        "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+    }
+    for schema in (
+        {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+        {"oneOf": [{"enum": [1, 2]}, {"enum": [3, "x"]}]},
+        {"oneOf": [{"const": 1}, {"type": "string"}]},
+        kinds,
+    ):
+        assert "anyOf" in normalize_schema(schema).schema, schema
+    overlapping = {"oneOf": [{"type": "number"}, {"type": "integer", "minimum": 3}]}
+    with pytest.raises(SchemaError, match=r"oneOf at the root \(its branches may overlap"):
+        normalize_schema(overlapping)
+    out = normalize_schema(overlapping, ignore_unsupported=True)
+    assert out.ignored == ("oneOf at the root (its branches may overlap, and only one may match)",)
