@@ -1,7 +1,8 @@
 """Apply the masks and sample one token per row: the engine's `Sampler` against the
 usual way.
 
-The masks are real: filled by the engine's filler from the states of `bench.states`.
+The masks are real: filled by the engine's filler (guarded, as configured) from the
+states of `bench.states`.
 The logits are random normal (seeded), ``[batch, vocab_rows]`` float32, on the device;
 every timed call starts from a fresh copy of them (the copy is not timed). Sampling is
 plain (temperature 1, no top-k / top-p), as in the baseline.
@@ -96,7 +97,13 @@ def run(args: argparse.Namespace) -> list[Record]:
         rows = states.make_rows(vocab_name, biggest, args.seed, args.grammars)
         sampler = Sampler(n)
         for b in args.batch_sizes:
-            filler = BitmaskFiller(b, n, pin_memory=cuda, max_threads=args.fill_threads)
+            filler = BitmaskFiller(
+                b,
+                n,
+                pin_memory=cuda,
+                max_threads=args.fill_threads,
+                guard=states.guard(vocab_name),
+            )
             filled = filler.fill(list(range(b)), [RequestGuide(None, r.matcher) for r in rows[:b]])
             mask_host = filled.buffer[:b]  # pinned on CUDA
             logits = torch.randn((b, n), generator=gen, device=dev, dtype=torch.float32)

@@ -1,6 +1,6 @@
-"""``thinkgate bench fill|apply|e2e|latency``: measure the engine's structured-output
-paths side by side with the usual way, and the engine process around the model. See
-bench/README.md."""
+"""thinkgate bench fill|apply|sample|e2e|latency|http|startup: measure the engine's
+structured-output paths side by side with the usual way, the engine process around the
+model, its start-up, and the HTTP server. See bench/README.md."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ import argparse
 import sys
 import time
 
-import torch
-
-from . import states
-from .common import cuda_missing, device_name, pair_plot, pair_table, write_json
+from .names import GRAMMARS, LOGITS, MIXES, VOCABS
 
 
 def _ints(text: str) -> list[int]:
@@ -46,8 +43,8 @@ def _common(p: argparse.ArgumentParser, *, iters: int, warmup: int) -> None:
 def _pairs(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--vocabs",
-        type=_names(states.VOCABS),
-        default=list(states.VOCABS),
+        type=_names(VOCABS),
+        default=list(VOCABS),
         help="comma-separated: qwen3,o200k_harmony (default both)",
     )
     p.add_argument(
@@ -58,9 +55,9 @@ def _pairs(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--grammars",
-        type=_names(states.GRAMMARS),
-        default=list(states.GRAMMARS),
-        help=f"rows take these in turn (default {','.join(states.GRAMMARS)})",
+        type=_names(GRAMMARS),
+        default=list(GRAMMARS),
+        help=f"rows take these in turn (default {','.join(GRAMMARS)})",
     )
     p.add_argument(
         "--fill-threads",
@@ -74,10 +71,24 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="thinkgate bench", description=__doc__)
     sub = ap.add_subparsers(dest="bench", required=True)
     p = sub.add_parser(
-        "fill", help="bitmask fill per step: engine vs a per-row loop into a fresh mask"
+        "fill",
+        help="bitmask fill per step: the engine vs xgrammar's default grammars filled by a "
+        "per-row loop into a fresh mask (what a vLLM user runs)",
     )
     _common(p, iters=40, warmup=5)
     _pairs(p)
+    p.add_argument(
+        "--peer-python",
+        metavar="PATH",
+        help="side by side with vLLM's grammar_bitmask instead: the python of a venv that "
+        "holds vLLM (bench/README.md); qwen3, four JSON schemas, interleaved rounds",
+    )
+    p.add_argument(
+        "--peer-tokenizer",
+        metavar="DIR",
+        help="the peer's Qwen3 tokenizer folder (default: qwen3-tokenizer beside its venv)",
+    )
+    p.add_argument("--rounds", type=int, default=5, help="with --peer-python: rounds (default 5)")
     p = sub.add_parser(
         "apply",
         help="apply + sample per step: engine vs apply_token_bitmask_inplace "
@@ -85,6 +96,33 @@ def parser() -> argparse.ArgumentParser:
     )
     _common(p, iters=10, warmup=2)
     _pairs(p)
+    p = sub.add_parser(
+        "sample",
+        help="one sampling step per mix of settings (plain, top-k, top-p, mixed): engine "
+        "vs a full sort of the vocabulary for top-k / top-p",
+    )
+    _common(p, iters=5, warmup=1)
+    p.add_argument(
+        "--vocabs",
+        type=_names(VOCABS),
+        default=["qwen3"],
+        help="comma-separated: qwen3,o200k_harmony (default qwen3)",
+    )
+    p.add_argument(
+        "--batch-sizes", type=_ints, default=[8, 32, 128], help="comma-separated (default 8,32,128)"
+    )
+    p.add_argument(
+        "--mixes",
+        type=_names(MIXES),
+        default=list(MIXES),
+        help=f"comma-separated (default {','.join(MIXES)})",
+    )
+    p.add_argument(
+        "--logits",
+        type=_names(LOGITS),
+        default=list(LOGITS),
+        help="normal (flat: top-p spans thousands of ids) and/or peaked (Zipf-like)",
+    )
     p = sub.add_parser(
         "e2e",
         help="the engine process with the random model: step time and "
@@ -113,8 +151,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--grammars",
-        type=_names(states.GRAMMARS),
-        default=list(states.GRAMMARS),
+        type=_names(GRAMMARS),
+        default=list(GRAMMARS),
         help="constrained requests take these in turn",
     )
     p = sub.add_parser(
@@ -127,11 +165,54 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-sizes", type=_ints, default=[1, 256], help="default 1,256")
     p.add_argument("--seconds", type=float, default=10.0, help="steps counted over (default 10)")
+    p = sub.add_parser(
+        "http",
+        help="the HTTP server with the random model: requests per second and p50/p99 latency "
+        "of 1-token chat completions and 64-token streamed completions",
+    )
+    _common(p, iters=0, warmup=20)
+    p.add_argument(
+        "--requests", type=int, default=400, help="timed requests per setting (default 400)"
+    )
+    p.add_argument(
+        "--concurrency", type=_ints, default=[1, 64], help="requests in flight (default 1,64)"
+    )
+    p.add_argument(
+        "--stream-tokens", type=int, default=64, help="tokens of each streamed completion"
+    )
+    p = sub.add_parser(
+        "startup",
+        help="a spawned engine: handshake, first plain and first JSON request; and where "
+        "start-up time goes, phase by phase",
+    )
+    _common(p, iters=3, warmup=0)
     return ap
+
+
+def _check_plot(args: argparse.Namespace) -> str | None:
+    """Why ``--plot`` cannot work, before anything runs (None: it can)."""
+    if not args.plot:
+        return None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return (
+            "--plot needs matplotlib, which is not installed: pip install 'thinkgate[bench]' "
+            "(or leave out --plot)"
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    problem = _check_plot(args)
+    if problem:
+        print(f"thinkgate bench {args.bench}: error: {problem}", file=sys.stderr)
+        return 2
+    import torch
+
+    from .common import cuda_missing, device_name, pair_plot, pair_table, write_json
+
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     why = cuda_missing(args.device)
@@ -139,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"thinkgate bench {args.bench}: {why}")
         return 0
     timed = (
-        f"{args.requests} requests" if args.bench == "latency" else f"{args.iters} timed iterations"
+        f"{args.requests} requests"
+        if args.bench in ("latency", "http")
+        else f"{args.iters} timed iterations"
     )
     print(
         f"thinkgate bench {args.bench}: device {device_name(args.device)}, seed {args.seed}, "
@@ -147,12 +230,29 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
-    if args.bench == "latency":
+    if args.bench == "http":
+        from . import http_api
+
+        records = http_api.run(args)
+        print(http_api.table(records))
+        if args.plot:
+            http_api.plot(records, args.plot)
+    elif args.bench == "startup":
+        from . import startup
+
+        records = startup.run(args)
+        print(startup.table(records))
+    elif args.bench == "latency":
         from . import latency
 
         records = latency.run(args)
         if args.plot:
             latency.plot(records, args.plot)
+    elif args.bench == "sample":
+        from . import sampling
+
+        records = sampling.run(args)
+        print(sampling.table(records))
     elif args.bench == "e2e":
         from . import e2e
 
@@ -160,13 +260,20 @@ def main(argv: list[str] | None = None) -> int:
         print(e2e.table(records))
         if args.plot:
             e2e.plot(records, args.plot)
+    elif args.bench == "fill" and args.peer_python:
+        from .peer import run, table
+
+        records = run(args)
+        print(table(records))
     else:
         if args.bench == "fill":
-            from .fill import run
+            from .fill import run, table
         else:
             from .apply import run
+
+            table = pair_table
         records = run(args)
-        print(pair_table(records))
+        print(table(records))
         if args.plot:
             pair_plot(
                 records, args.plot, f"bench {args.bench}: per step, {', '.join(args.grammars)}"

@@ -153,7 +153,7 @@ async def _run(args: argparse.Namespace, probe_out: Path) -> list[tuple[float, b
         reasoning_parser="qwen3",
         device=args.device,
         max_num_seqs=args.batch_size,
-        forward_ms=args.forward_ms,
+        runner_options={"forward_ms": args.forward_ms},
         seed=args.seed,
         log_level="WARNING",
     )

@@ -48,9 +48,9 @@ class ProbedCore(EngineCore):
         self.runner.forward = timed_forward
         self.sampler.sample = timed_sample
 
-    def _prepare(self, batch, out):
+    def _prepare(self, batch):
         t0 = time.perf_counter()
-        res = super()._prepare(batch, out)
+        res = super()._prepare(batch)
         t1 = time.perf_counter()
         self._cur["prepare"] = t1 - t0
         self._cur["prepare_end"] = t1
@@ -78,8 +78,8 @@ class ProbedCore(EngineCore):
             p["thinking"].append(c["thinking"])
         return out
 
-    def _schedule(self, out):
-        super()._schedule(out)
+    def _schedule(self):
+        super()._schedule()
         self._cur["rows"] = len(self.running)
 
 

@@ -1,21 +1,35 @@
-"""Bitmask fill per step: the engine's `BitmaskFiller` against the usual way.
+"""Bitmask fill per step: the engine's `BitmaskFiller` against what a vLLM user runs.
 
-The usual way: every step, a fresh bitmask from ``xgr.allocate_token_bitmask`` (pinned
-where CUDA is present, since it will be copied to the GPU), then a Python loop calling
-``matcher.fill_next_token_bitmask(bitmask, i)`` per row. The engine's way: one buffer
-allocated once for the largest batch (pinned and double-buffered on CUDA), a plain loop
-below its batch threshold and xgrammar's ``BatchGrammarMatcher`` above it.
+- ``engine``: the engine as configured. Grammars compiled as the engine compiles them
+  (sealed special tokens, xgrammar's unbounded whitespace) and guarded
+  (`structured_output.guard`: whitespace runs bounded to the engine's default, UTF-8
+  kept valid); one buffer allocated once for the largest batch (pinned and
+  double-buffered on CUDA), a plain loop below its batch threshold and above it two
+  threads sharing the rows in chunks (`structured_output.bitmask.SharedFill`), then
+  the guard over all rows at once.
+- ``baseline``: what a vLLM user runs today for the same request. xgrammar's default
+  compilation of the same schema or tag (any whitespace, no bound, the vocabulary as
+  it is), and every step a fresh bitmask from ``xgr.allocate_token_bitmask`` (pinned
+  where CUDA is present) filled by a Python loop of ``matcher.fill_next_token_bitmask``.
+- ``loop``: the old self-comparison. The engine's own guarded matchers filled by that
+  same per-row loop into a fresh bitmask (the guard then runs row by row).
+- ``unguarded``: the engine's filler with the guard off (whitespace unbounded): what
+  the bound costs is ``engine / unguarded``.
 
-Both fill the same matchers, at the same states (`bench.states`); filling does not
-change a matcher's state. The engine's rows are checked equal to the baseline's once
-per batch size. The fill runs on the CPU on every device; on CUDA only the memory
-(pinned) differs, and the timing brackets it with CUDA events all the same.
+All fill the same states (`bench.states`); filling does not change a matcher's state.
+Checked once per batch size: ``engine`` equals ``loop`` exactly, and equals
+``baseline`` with the guard's masks applied on every ordinary id (special tokens are
+sealed in the engine's grammars and plain text in the baseline's). The fill runs on
+the CPU on every device; on CUDA only the memory (pinned) differs, and the timing
+brackets it with CUDA events all the same.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from structured_output.bitmask import BitmaskFiller
@@ -23,35 +37,70 @@ from structured_output.guide import RequestGuide
 
 from . import states
 from .common import Method, Record, environment, p50, pair_records, side_by_side
+from .common import _us as us
+
+METHODS = ("engine", "baseline", "loop", "unguarded")
 
 
 def _methods(
-    filler: BitmaskFiller, matchers: list, vocab_rows: int, cuda: bool
+    filler: BitmaskFiller,
+    unguarded: BitmaskFiller,
+    rows: list[states.Row],
+    vocab_rows: int,
+    cuda: bool,
 ) -> dict[str, Method]:
     import xgrammar as xgr
 
-    b = len(matchers)
-    guides = [RequestGuide(None, m) for m in matchers]
+    b = len(rows)
+    guides = [RequestGuide(None, r.matcher) for r in rows]
+    ours = [r.matcher for r in rows]
+    theirs = [r.peer for r in rows]
     index = list(range(b))
 
-    def baseline_step() -> torch.Tensor:
+    def fresh() -> torch.Tensor:
         mask = xgr.allocate_token_bitmask(b, vocab_rows)
-        if cuda:
-            mask = mask.pin_memory()
+        return mask.pin_memory() if cuda else mask
+
+    def loop(matchers: list) -> torch.Tensor:
+        mask = fresh()
         for i, m in enumerate(matchers):
             m.fill_next_token_bitmask(mask, i)
         return mask
 
-    def alloc_only() -> torch.Tensor:
-        mask = xgr.allocate_token_bitmask(b, vocab_rows)
-        return mask.pin_memory() if cuda else mask
-
     return {
         "engine": lambda: lambda: filler.fill(index, guides),
-        "baseline": lambda: baseline_step,
-        #: the baseline's allocation alone, to tell its two costs apart
-        "alloc": lambda: alloc_only,
+        "baseline": lambda: lambda: loop(theirs),
+        "loop": lambda: lambda: loop(ours),
+        "unguarded": lambda: lambda: unguarded.fill(index, guides),
+        #: the per-step allocation alone, to tell the loops' two costs apart
+        "alloc": lambda: fresh,
     }
+
+
+def check(
+    vocab: states.Vocab, rows: list[states.Row], engine: torch.Tensor, methods: dict[str, Method]
+) -> None:
+    """``engine`` equals the per-row loop over the same matchers, and the baseline's
+    masks with each row's guard mask applied, on every ordinary id."""
+    b = len(rows)
+    where = f"{vocab.name}, batch {b}"
+    if not torch.equal(engine[:b], methods["loop"]()()):
+        raise AssertionError(f"fill: the engine's filler and its per-row loop differ ({where})")
+    table = states.guard(vocab.name)
+    peer = methods["baseline"]()().numpy().view(np.uint32)
+    guarded = np.stack([peer[i] & table.allowed(r.matcher.guard_state) for i, r in enumerate(rows)])
+    ordinary = _ordinary_words(vocab)
+    ours = engine[:b].numpy().view(np.uint32)
+    if not np.array_equal(ours & ordinary, guarded & ordinary):
+        raise AssertionError(f"fill: the engine and the baseline's grammar differ ({where})")
+
+
+def _ordinary_words(vocab: states.Vocab) -> np.ndarray:
+    """The ids that are not special tokens, as mask words."""
+    special = np.zeros(-(-vocab.vocab_rows // 32) * 32, dtype=bool)
+    special[[*vocab.tokenizer.special_ids, *vocab.markers.values()]] = True
+    special[vocab.vocab_rows :] = True
+    return np.packbits(~special, bitorder="little").view(np.uint32)
 
 
 def run(args: argparse.Namespace) -> list[Record]:
@@ -61,22 +110,21 @@ def run(args: argparse.Namespace) -> list[Record]:
     biggest = max(args.batch_sizes)
     for vocab_name in args.vocabs:
         v = states.vocab(vocab_name)
-        rows = states.make_rows(vocab_name, biggest, args.seed, args.grammars)
-        filler = BitmaskFiller(
-            biggest,
-            v.vocab_rows,
-            pin_memory=cuda,
-            num_buffers=2 if cuda else 1,
-            max_threads=args.fill_threads,
+        rows = states.make_rows(vocab_name, biggest, args.seed, args.grammars, peer=True)
+        engine, unguarded = (
+            BitmaskFiller(
+                biggest,
+                v.vocab_rows,
+                pin_memory=cuda,
+                num_buffers=2 if cuda else 1,
+                max_threads=args.fill_threads,
+                guard=guard,
+            )
+            for guard in (states.guard(vocab_name), None)
         )
         for b in args.batch_sizes:
-            matchers = [r.matcher for r in rows[:b]]
-
-            methods = _methods(filler, matchers, v.vocab_rows, cuda)
-            ours, theirs = methods["engine"]()(), methods["baseline"]()()
-            if not torch.equal(ours.buffer[:b], theirs):
-                where = f"{vocab_name}, batch {b}"
-                raise AssertionError(f"fill: engine and baseline masks differ ({where})")
+            methods = _methods(engine, unguarded, rows[:b], v.vocab_rows, cuda)
+            check(v, rows[:b], methods["engine"]()().buffer, methods)
             times = side_by_side(methods, iters=args.iters, warmup=args.warmup, device=args.device)
             alloc = times.pop("alloc")
             records += pair_records(
@@ -93,9 +141,34 @@ def run(args: argparse.Namespace) -> list[Record]:
                 env=env,
                 extra={
                     "baseline_alloc_median_us": round(p50(alloc), 1),
-                    "batch_threshold": filler.batch_threshold,
+                    "batch_threshold": engine.batch_threshold,
                     "fill_threads": args.fill_threads,
+                    "max_whitespace": states.guard(vocab_name).limit,
                     "mean_prefix_tokens": round(sum(len(r.prefix) for r in rows[:b]) / b, 1),
                 },
             )
     return records
+
+
+def table(records: Sequence[Record]) -> str:
+    """Per (vocabulary, batch): the engine, the baseline and their ratio; the old
+    self-comparison; what the guard costs."""
+    by: dict[tuple[str, int], dict[str, Record]] = {}
+    for r in records:
+        by.setdefault((r.vocab, r.batch_size), {})[r.method] = r
+    head = (
+        f"{'vocab':<14}{'batch':>6}  {'engine p50':>11}{'/row':>9}  {'baseline p50':>13}"
+        f"{'b/e':>7}  {'loop p50':>10}{'l/e':>7}  {'guard off':>10}{'e/off':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for (vocab, b), m in by.items():
+        if any(k not in m for k in METHODS):
+            continue
+        e = m["engine"].median_us
+        lines.append(
+            f"{vocab:<14}{b:>6}  {us(e):>11}{us(m['engine'].per_row_median_us):>9}"
+            f"  {us(m['baseline'].median_us):>13}{m['baseline'].median_us / e:>6.2f}x"
+            f"  {us(m['loop'].median_us):>10}{m['loop'].median_us / e:>6.2f}x"
+            f"  {us(m['unguarded'].median_us):>10}{e / m['unguarded'].median_us:>6.2f}x"
+        )
+    return "\n".join(lines)

@@ -1,9 +1,10 @@
 """The grammar mix and the matcher states the benchmarks measure.
 
 Four grammars, as a serving engine meets them: one tool's JSON schema, "required" over
-eight tools as a JSON schema, a hermes-style structural tag over the same eight tools
-(``<tool_call>`` token, ``{"name": NAME, "arguments": `` + schema + ``}``,
-``</tool_call>`` token, at least one call), and xgrammar's builtin JSON grammar.
+eight tools as a JSON schema, the hermes family's own "required" constraint over the
+same eight tools (built by `frontend.tool_formats`, as the front end builds it:
+``<tool_call>`` token, one call object, ``</tool_call>`` token, at least one call),
+and xgrammar's builtin JSON grammar.
 
 Each row of a batch gets one grammar and one randomly generated valid document for it,
 tokenized with the real vocabulary; its matcher accepts a random prefix of those tokens
@@ -20,11 +21,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from structured_output.specs import CompileOptions, GrammarSpec, compile_spec
+from frontend.tool_formats import FunctionTool, create_tool_format
+from structured_output.specs import CompileOptions, GrammarSpec, compile_constraint
 from tokenization import Tokenizer, load_tokenizer
 
-VOCABS = ("qwen3", "o200k_harmony")
-GRAMMARS = ("one_tool_schema", "required_8_tools", "hermes_tag", "builtin_json")
+from .names import GRAMMARS, VOCABS  # noqa: F401  (also read as states.VOCABS)
+
 MARKERS = ("<tool_call>", "</tool_call>")
 
 # ----- the eight tools -------------------------------------------------------------
@@ -116,40 +118,13 @@ REQUIRED_SCHEMA = {
 
 
 def hermes_tag(tools: list[dict]) -> dict:
-    """Hermes-style calls as xgrammar's structural tag. The markers need no
-    ``excludes`` inside the arguments: special tokens are sealed in xgrammar's view of
-    the vocabulary (`structured_output.vocab`), so no JSON string can hold one."""
-    return {
-        "type": "structural_tag",
-        "format": {
-            "type": "tags_with_separator",
-            "separator": "\n",
-            "at_least_one": True,
-            "tags": [
-                {
-                    "type": "tag",
-                    "begin": {"type": "token", "token": "<tool_call>"},
-                    "content": {
-                        "type": "sequence",
-                        "elements": [
-                            {
-                                "type": "const_string",
-                                "value": f'\n{{"name": "{t["name"]}", "arguments": ',
-                            },
-                            {
-                                "type": "json_schema",
-                                "json_schema": t["parameters"],
-                                "max_whitespace_cnt": 4,
-                            },
-                            {"type": "const_string", "value": "}\n"},
-                        ],
-                    },
-                    "end": {"type": "token", "token": "</tool_call>"},
-                }
-                for t in tools
-            ],
-        },
-    }
+    """The hermes family's "required" constraint over ``tools`` (parallel calls on), as
+    a structural-tag document: ``create_tool_format("hermes", ...).constraint``, the
+    one place the family's constraint is written. The document names the markers by
+    their text, so it is the same for every vocabulary that has them as tokens."""
+    fmt = create_tool_format("hermes", load_tokenizer("qwen3"))
+    calls = [FunctionTool(t["name"], t["parameters"]) for t in tools]
+    return json.loads(fmt.constraint(calls, named=None, parallel=True).value)
 
 
 SPECS = {
@@ -357,9 +332,12 @@ def vocab(name: str) -> Vocab:
 
 @cache
 def compiled(vocab_name: str) -> dict[str, Any]:
-    """The four grammars compiled for one vocabulary (xgrammar ``CompiledGrammar``)."""
+    """The four grammars compiled for one vocabulary as the engine compiles them
+    (`structured_output.guard.GuardedGrammar`: sealed special tokens, whitespace left
+    to the guard)."""
     import xgrammar as xgr
 
+    from structured_output.guard import GuardedGrammar
     from structured_output.vocab import build_tokenizer_info
 
     v = vocab(vocab_name)
@@ -369,9 +347,50 @@ def compiled(vocab_name: str) -> dict[str, Any]:
     )
     compiler = xgr.GrammarCompiler(info, max_threads=2)
     options = CompileOptions()
-    out = {name: compile_spec(compiler, spec, options, specials) for name, spec in SPECS.items()}
-    out["builtin_json"] = compiler.compile_builtin_json_grammar()
+    out = {
+        name: GuardedGrammar.wrap(*compile_constraint(compiler, spec, options, specials))
+        for name, spec in SPECS.items()
+    }
+    out["builtin_json"] = GuardedGrammar.wrap(compiler.compile_builtin_json_grammar(), True)
     return out
+
+
+@cache
+def guard(vocab_name: str) -> Any:
+    """The engine's guard table of one vocabulary (`structured_output.guard`), with the
+    engine's default whitespace bound."""
+    from structured_output.guard import GuardTable
+
+    v = vocab(vocab_name)
+    specials = {**v.tokenizer.special_tokens, **v.markers}
+    return GuardTable(
+        v.token_bytes,
+        v.vocab_rows,
+        special_ids=set(specials.values()),
+        limit=CompileOptions().max_whitespace,
+    )
+
+
+@cache
+def peer_compiled(vocab_name: str) -> dict[str, Any]:
+    """The same four grammars as a vLLM user gets them: xgrammar's default compilation
+    (any whitespace, no bound) over the plain vocabulary (special tokens are text)."""
+    import xgrammar as xgr
+
+    v = vocab(vocab_name)
+    info = xgr.TokenizerInfo(
+        v.token_bytes,
+        xgr.VocabType.RAW,
+        vocab_size=v.vocab_rows,
+        stop_token_ids=list(v.tokenizer.stop_token_ids),
+    )
+    compiler = xgr.GrammarCompiler(info, max_threads=2)
+    return {
+        "one_tool_schema": compiler.compile_json_schema(SPECS["one_tool_schema"].value),
+        "required_8_tools": compiler.compile_json_schema(SPECS["required_8_tools"].value),
+        "hermes_tag": compiler.compile_structural_tag(SPECS["hermes_tag"].value),
+        "builtin_json": compiler.compile_builtin_json_grammar(),
+    }
 
 
 # ----- states ------------------------------------------------------------------------
@@ -380,31 +399,49 @@ def compiled(vocab_name: str) -> dict[str, Any]:
 @dataclass
 class Row:
     grammar: str
-    matcher: Any  # xgrammar GrammarMatcher, advanced to the row's state
+    #: the engine's matcher (`structured_output.guard.GuardedMatcher`), advanced to the
+    #: row's state
+    matcher: Any
     prefix: list[int]  # the tokens it accepted
     next_token: int  # the document's next token (allowed by construction)
+    #: the same state in the grammar a vLLM user compiles (`peer_compiled`), or None
+    peer: Any = None
 
 
 def make_rows(
-    vocab_name: str, n: int, seed: int, grammars: tuple[str, ...] = GRAMMARS
+    vocab_name: str,
+    n: int,
+    seed: int,
+    grammars: tuple[str, ...] = GRAMMARS,
+    *,
+    peer: bool = False,
 ) -> list[Row]:
-    """``n`` rows, grammars in turn, each at a random point of its own random document."""
+    """``n`` rows, grammars in turn, each at a random point of its own random document
+    (``peer``: each with its twin in `peer_compiled` too)."""
     import xgrammar as xgr
+
+    from structured_output.guard import GuardedMatcher
 
     v = vocab(vocab_name)
     grams = compiled(vocab_name)
+    table = guard(vocab_name)
+    twins = peer_compiled(vocab_name) if peer else {}
+    stops = list(v.tokenizer.stop_token_ids)
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         g = grammars[i % len(grammars)]
         ids = v.encode(document(rng, g, v.markers))
         cut = rng.randrange(len(ids))  # 0 .. len-1: something always remains
-        m = xgr.GrammarMatcher(grams[g], override_stop_tokens=list(v.tokenizer.stop_token_ids))
+        m = GuardedMatcher(
+            grams[g], table, json_text=grams[g].json_text, override_stop_tokens=stops
+        )
+        twin = xgr.GrammarMatcher(twins[g], override_stop_tokens=stops) if peer else None
         for t in ids[:cut]:
-            if not m.accept_token(t):
+            if not m.accept_token(t) or (twin is not None and not twin.accept_token(t)):
                 text = v.tokenizer.decode(ids)
                 raise AssertionError(f"{g} rejected token {t} of its own document {text!r}")
-        rows.append(Row(g, m, ids[:cut], ids[cut]))
+        rows.append(Row(g, m, ids[:cut], ids[cut], twin))
     return rows
 
 

@@ -12,7 +12,8 @@ def _ms(us: float) -> str:
 
 
 def pairs(records: list[dict]) -> str:
-    """fill / apply: engine against baseline per vocabulary and batch size."""
+    """fill / apply: engine against baseline per vocabulary and batch size (fill: and
+    the engine against its own per-row loop and with its guard off)."""
     by: dict[tuple[str, int], dict[str, dict]] = {}
     for r in records:
         by.setdefault((r["vocab"], r["batch_size"]), {})[r["method"]] = r
@@ -21,13 +22,23 @@ def pairs(records: list[dict]) -> str:
         "| baseline p50 (ms) | baseline p90 | per row (µs) | baseline / engine |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    extra = "loop" in next(iter(by.values()), {})
+    if extra:
+        lines[0] += " loop / engine | guard on / off |"
+        lines[1] += "---:|---:|"
     for (vocab, b), m in by.items():
         e, base = m["engine"], m["baseline"]
-        lines.append(
+        line = (
             f"| {vocab} | {b} | {_ms(e['median_us'])} | {_ms(e['p90_us'])} "
             f"| {e['per_row_median_us']:.1f} | {_ms(base['median_us'])} | {_ms(base['p90_us'])} "
             f"| {base['per_row_median_us']:.1f} | **{e['ratio']:.2f}x** |"
         )
+        if extra:
+            line += (
+                f" {m['loop']['median_us'] / e['median_us']:.2f}x "
+                f"| {e['median_us'] / m['unguarded']['median_us']:.2f}x |"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -64,7 +75,43 @@ def latency(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-TABLES = {"e2e": e2e, "latency": latency}
+def fill_vs_vllm(records: list[dict]) -> str:
+    """The engine (guard on and off) against vLLM's grammar_bitmask, per batch size."""
+    by: dict[int, dict[str, dict]] = {}
+    for r in records:
+        by.setdefault(r["batch_size"], {})[r["method"]] = r
+    lines = [
+        "| batch | vLLM p50 (ms) | engine p50 (ms) | vLLM / engine | engine, guard off (ms) "
+        "| guard on / off |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b, m in sorted(by.items()):
+        v, e, u = m["vllm"], m["engine"], m["unguarded"]
+        lines.append(
+            f"| {b} | {_ms(v['median_us'])} | {_ms(e['median_us'])} | **{e['ratio']:.2f}x** "
+            f"| {_ms(u['median_us'])} | {e['median_us'] / u['median_us']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def startup(records: list[dict]) -> str:
+    lines = ["| what | wall (s) | CPU (s) |", "|---|---:|---:|"]
+    for r in records:
+        cpu = r["extra"].get("cpu_s")
+        cpu_text = "" if cpu is None else f"{cpu:.2f}"
+        lines.append(f"| {r['method']} | {r['median_us'] / 1e6:.2f} | {cpu_text} |")
+    return "\n".join(lines)
+
+
+TABLES = {"e2e": e2e, "latency": latency, "fill-vs-vllm": fill_vs_vllm, "startup": startup}
+
+
+def _loads(records: list[dict]) -> list[float]:
+    out: list[float] = []
+    for r in records:
+        x = r["extra"].get("loadavg_1m", r["env"].get("loadavg_1m"))
+        out += x if isinstance(x, list) else [x]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{records[0]['bench']} on {records[0]['device']}, {env['machine']}; torch "
             f"{env['torch']}, xgrammar {env['xgrammar']}; {env['date']}; seed "
             f"{records[0]['seed']}, {records[0]['iters']} iterations after {records[0]['warmup']} "
-            f"warm-up; 1-minute load average "
-            f"{min(r['extra']['loadavg_1m'] for r in records)}-"
-            f"{max(r['extra']['loadavg_1m'] for r in records)}.\n"
+            f"warm-up; 1-minute load average {min(_loads(records))}-{max(_loads(records))}.\n"
         )
         print(TABLES.get(records[0]["bench"], pairs)(records))
         print()

@@ -1,10 +1,19 @@
 """The front end's side of the engine: spawn or connect, submit, stream, abort, stop.
 
 An `EngineClient` lives on one asyncio loop. Its socket belongs to an IO thread,
-which also sends heartbeats and watches the engine: when the engine process dies
-(or a connected engine falls silent), every request in flight fails at once with
-`EngineDeadError`, and new requests are refused. Stop strings are applied here, on
-decoded text; a request that hits one is aborted in the engine.
+which watches the connection: when the engine is gone, every request in flight fails
+at once with `EngineDeadError`, and new requests are refused. Stop strings are
+the front end's (`frontend.stop_strings`): it reads the outputs, and leaves the stream
+at a stop string, which aborts the request here.
+
+The engine is judged gone on evidence only: a spawned engine's process exited; the
+connection closed and a new one was refused (nothing listens there any more), or did
+not come back within ``reconnect_grace_s`` of this process's own running time; or
+ZeroMQ's heartbeats went unanswered for ``engine_timeout_s`` (answered by the
+engine's ZeroMQ threads, whatever its Python does: only a stopped engine, host or
+network goes silent). A stall of this process (a long computation holding the GIL,
+a SIGSTOP) is not evidence: heartbeats are answered by ZeroMQ's threads here too, and
+grace periods run on this process's running time (`ipc.RunningClock`).
 """
 
 from __future__ import annotations
@@ -15,10 +24,10 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
-import time
+import threading
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,10 +35,12 @@ from typing import TYPE_CHECKING
 import zmq
 
 from ipc import (
-    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
     NOT_GREETED,
     PROTOCOL_VERSION,
+    SHUTDOWN_REFUSED,
     AbortRequests,
+    ClientKeys,
     Codec,
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -44,19 +55,30 @@ from ipc import (
     Hello,
     Shutdown,
     SocketPump,
+    TokenLogprobs,
     WireError,
-    private_ipc_address,
+    connect_curve,
+    load_client_keys,
+    set_heartbeats,
 )
 
 from .config import EngineConfig
+from .liveness import EVENTS as WATCHED_EVENTS
+from .liveness import EngineWatch
+from .spawning import start_engine
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
 
 log = logging.getLogger("thinkgate.client")
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-HEARTBEAT_S = 0.5
+#: ZeroMQ's own PING to the engine this often (see `ipc.set_heartbeats`)
+PING_S = 1.0
+#: how often the IO thread looks at the engine's process and the connection
+TICK_S = 0.05
+#: the defaults of `EngineClient`'s liveness settings
+ENGINE_TIMEOUT_S = 30.0
+RECONNECT_GRACE_S = 2.0
 
 
 class EngineDeadError(RuntimeError):
@@ -64,7 +86,8 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineStartError(RuntimeError):
-    """The engine did not come up (it exited, or its handshake did not arrive in time)."""
+    """The engine did not come up (it exited, its handshake did not arrive in time, or
+    the connection's own handshake failed)."""
 
 
 @dataclass(slots=True)
@@ -74,51 +97,49 @@ class RequestOutput:
     request_id: str
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
-    #: the stop token id, or the stop string, that ended the request
-    stop_reason: int | str | None = None
+    #: the stop token id that ended the request
+    stop_reason: int | None = None
     error: str | None = None
     num_reasoning_tokens: int = 0
+    #: of ``new_token_ids``, when the request asked for them
+    logprobs: TokenLogprobs | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
 
-class _StopStrings:
-    """Finds the first stop string in a stream of token ids, looking only at the
-    new text and a tail of the old one."""
-
-    def __init__(self, stops: Sequence[str], tokenizer: Tokenizer) -> None:
-        self.stops = [s for s in stops if s]
-        self.keep = max((len(s) for s in self.stops), default=1) - 1
-        self.detok = tokenizer.detokenizer()
-        self.tail = ""
-
-    def push(self, token_ids: Sequence[int]) -> tuple[int, str] | None:
-        """``(tokens to keep, stop string)`` when a stop string completes in these
-        ids, else None."""
-        for i, tid in enumerate(token_ids):
-            text = self.tail + self.detok.push((tid,))
-            for s in self.stops:
-                if s in text:
-                    return i + 1, s
-            self.tail = text[-self.keep :] if self.keep else ""
-        return None
-
-
 class EngineClient:
+    """A front end's connection to one engine.
+
+    ``engine_timeout_s``: the connection closes when the engine answers no heartbeat
+    for this long (a stopped engine or host, a lost network). ``reconnect_grace_s``:
+    after the connection closes, how long (of this process's running time) a new one
+    may take before the engine counts as gone; a refused one counts at once.
+    ``curve``: keys for an engine that requires CURVE. ``shutdown_token``: the token
+    that lets `shutdown` stop the engine (a spawning client makes one).
+    """
+
     def __init__(
         self,
         address: str,
         *,
         proc: subprocess.Popen | None = None,
         own_dir: Path | None = None,
-        engine_timeout_s: float = 5.0,
+        engine_timeout_s: float = ENGINE_TIMEOUT_S,
+        reconnect_grace_s: float = RECONNECT_GRACE_S,
+        curve: ClientKeys | None = None,
+        shutdown_token: str | None = None,
+        load_tokenizer: bool = True,
     ) -> None:
         self.address = address
         self.proc = proc
         self._own_dir = own_dir
         self.engine_timeout_s = engine_timeout_s
+        self.reconnect_grace_s = reconnect_grace_s
+        self._curve = curve
+        self._shutdown_token = shutdown_token
+        self._load_tokenizer = load_tokenizer
         self.identity = uuid.uuid4().bytes
         self.handshake: Handshake | None = None
         self.dead_reason: str | None = None
@@ -128,16 +149,29 @@ class EngineClient:
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._hello: asyncio.Future[Handshake] = self._loop.create_future()
         self._health: dict[int, asyncio.Future[HealthReply]] = {}
+        self._refusals: list[str] = []
         self._nonce = itertools.count()
-        self._last_seen = time.monotonic()
-        self._last_beat = 0.0
         self._closed = False
-        self._tokenizer: Tokenizer | None = None
+        self._tokenizer: Future[Tokenizer] | None = None
+        # IO thread only: the state of the connection
+        self._watch = EngineWatch(
+            address,
+            proc,
+            reconnect_grace_s=reconnect_grace_s,
+            tick_s=TICK_S,
+            on_dead=self._die,
+            on_back=lambda: self._loop.call_soon_threadsafe(self._reconnected),
+            on_refused=lambda why: self._loop.call_soon_threadsafe(self._refused, why),
+        )
         self._pump = SocketPump(
             self._make_socket,
             self._on_frames,
             on_tick=self._on_tick,
-            tick_s=0.05,
+            monitor_events=WATCHED_EVENTS,
+            on_event=self._on_event,
+            max_parts=2,
+            on_failure=self._on_io_failure,
+            tick_s=TICK_S,
             name="thinkgate-client-io",
         )
         self._pump.start()
@@ -150,25 +184,25 @@ class EngineClient:
         config: EngineConfig | None = None,
         *,
         startup_timeout_s: float = 180.0,
-        engine_timeout_s: float = 5.0,
+        engine_timeout_s: float = ENGINE_TIMEOUT_S,
+        reconnect_grace_s: float = RECONNECT_GRACE_S,
+        load_tokenizer: bool = True,
     ) -> EngineClient:
         """Start an engine process (on a private ipc:// socket unless the config names
-        an address) and wait for its handshake."""
-        config = config or EngineConfig()
-        own_dir = None
-        address = config.address
-        if address is None:
-            address, own_dir = private_ipc_address()
-        args = [a for a in config.to_args()]
-        if config.address is None:
-            args += ["--address", address]
-        args += ["--parent-pid", str(os.getpid())]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engine_core", *args], env=env, stdout=subprocess.DEVNULL
+        an address) and wait for its handshake. Only this client can stop it over the
+        wire: it gives the engine a shutdown token (unless the config names a token
+        file, whose token it then uses)."""
+        sp = start_engine(config or EngineConfig())
+        client = cls(
+            sp.address,
+            proc=sp.proc,
+            own_dir=sp.own_dir,
+            engine_timeout_s=engine_timeout_s,
+            reconnect_grace_s=reconnect_grace_s,
+            curve=sp.curve,
+            shutdown_token=sp.shutdown_token,
+            load_tokenizer=load_tokenizer,
         )
-        client = cls(address, proc=proc, own_dir=own_dir, engine_timeout_s=engine_timeout_s)
         try:
             await client._say_hello(startup_timeout_s)
         except BaseException:
@@ -178,10 +212,32 @@ class EngineClient:
 
     @classmethod
     async def connect(
-        cls, address: str, *, timeout_s: float = 30.0, engine_timeout_s: float = 5.0
+        cls,
+        address: str,
+        *,
+        timeout_s: float = 30.0,
+        engine_timeout_s: float = ENGINE_TIMEOUT_S,
+        reconnect_grace_s: float = RECONNECT_GRACE_S,
+        curve_keys: str | os.PathLike[str] | ClientKeys | None = None,
+        shutdown_token: str | None = None,
+        load_tokenizer: bool = True,
     ) -> EngineClient:
-        """Connect to a running engine and wait for its handshake."""
-        client = cls(address, engine_timeout_s=engine_timeout_s)
+        """Connect to a running engine and wait for its handshake. ``curve_keys``: a
+        directory holding ``engine.key`` and ``client.key_secret`` (see `ipc.keys`),
+        or the keys themselves, for an engine that requires CURVE."""
+        curve = (
+            curve_keys
+            if isinstance(curve_keys, ClientKeys) or curve_keys is None
+            else load_client_keys(curve_keys)
+        )
+        client = cls(
+            address,
+            engine_timeout_s=engine_timeout_s,
+            reconnect_grace_s=reconnect_grace_s,
+            curve=curve,
+            shutdown_token=shutdown_token,
+            load_tokenizer=load_tokenizer,
+        )
         try:
             await client._say_hello(timeout_s)
         except BaseException:
@@ -191,7 +247,7 @@ class EngineClient:
 
     async def _say_hello(self, timeout_s: float) -> None:
         self._send(Hello(PROTOCOL_VERSION, self.identity.hex()))
-        deadline = time.monotonic() + timeout_s
+        deadline = self._loop.time() + timeout_s
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise EngineStartError(
@@ -199,21 +255,25 @@ class EngineClient:
                 )
             try:
                 self.handshake = await asyncio.wait_for(asyncio.shield(self._hello), 0.1)
-                self._last_seen = time.monotonic()
-                return
+                break
             except TimeoutError:
-                if time.monotonic() > deadline:
+                if self._loop.time() > deadline:
                     raise EngineStartError(
                         f"no handshake from {self.address} within {timeout_s:g} s"
                     ) from None
+        if self._load_tokenizer:
+            self._start_tokenizer()
 
     def _make_socket(self, ctx: zmq.Context) -> zmq.Socket:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.identity)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, DEFAULT_MAX_FRAME_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, DEFAULT_MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.LINGER, 0)
+        set_heartbeats(sock, PING_S, self.engine_timeout_s)
+        if self._curve is not None:
+            connect_curve(sock, self._curve)
         sock.connect(self.address)
         return sock
 
@@ -225,25 +285,25 @@ class EngineClient:
         except WireError as e:
             log.warning("bad frame from the engine: %s", e)
             return
-        self._last_seen = time.monotonic()
+        if isinstance(msg, Handshake):
+            self._watch.greeted = True
         if not isinstance(msg, Heartbeat):
             self._loop.call_soon_threadsafe(self._dispatch, msg)
 
+    def _on_event(self, event: int, endpoint: str) -> None:
+        if not self._closed:
+            self._watch.event(event, endpoint)
+
     def _on_tick(self) -> None:
-        now = time.monotonic()
-        if self.dead_reason is not None or self._closed:
-            return
-        if now - self._last_beat >= HEARTBEAT_S and self.handshake is not None:
-            self._last_beat = now
-            self._pump.send(self._codec_io.encode(Heartbeat(time.time())))  # this thread's codec
-        reason = None
-        if self.proc is not None and self.proc.poll() is not None:
-            reason = f"the engine process exited with code {self.proc.returncode}"
-        elif self.handshake is not None and now - self._last_seen > self.engine_timeout_s:
-            reason = f"the engine sent nothing for {self.engine_timeout_s:g} s"
-        if reason is not None:
-            self.dead_reason = reason
-            self._loop.call_soon_threadsafe(self._fail_all, reason)
+        if not self._closed:
+            self._watch.tick()
+
+    def _on_io_failure(self, error: BaseException) -> None:
+        self._watch.die(f"the client's IO thread failed: {error!r}")
+
+    def _die(self, reason: str) -> None:
+        self.dead_reason = reason
+        self._loop.call_soon_threadsafe(self._fail_all, reason)
 
     # ----- loop thread --------------------------------------------------------------
 
@@ -262,7 +322,13 @@ class EngineClient:
                 f.set_result(msg)
         elif isinstance(msg, ErrorNotice):
             if msg.message == NOT_GREETED and self._hello.done():
-                self._forgotten()
+                self._forgotten(
+                    "the engine dropped this client (silent past the engine's client timeout, "
+                    "not reading its outputs, or over its message limit) and the request with it"
+                )
+            elif msg.message.startswith(SHUTDOWN_REFUSED):
+                log.warning("engine: %s", msg.message)
+                self._refusals.append(msg.message)
             elif msg.request_id is not None and msg.request_id in self._streams:
                 self._streams[msg.request_id].put_nowait(
                     RequestOutput(msg.request_id, [], FinishReason.ERROR, error=msg.message)
@@ -272,28 +338,30 @@ class EngineClient:
             else:
                 log.warning("engine error: %s", msg.message)
 
-    def _forgotten(self) -> None:
-        """The engine no longer knows this client: it dropped it (silent past the
-        engine's client timeout, say while this process was stopped, or not reading),
-        and with it every request in flight. End each of their streams with an error,
-        and say HELLO again so that new requests are served."""
+    def _refused(self, why: str) -> None:
+        if not self._hello.done():
+            self._hello.set_exception(EngineStartError(why))
+
+    def _reconnected(self) -> None:
+        """The connection closed and came back: the engine lives, but what was in
+        flight either way may be lost, and the engine may have dropped this client."""
+        lost = list(self._streams)
+        self._forgotten(
+            "the connection to the engine was interrupted (the engine dropped this client, "
+            "or messages were lost) and the request with it"
+        )
+        if lost:
+            self._send(AbortRequests(lost))
+
+    def _forgotten(self, error: str) -> None:
+        """The engine no longer knows this client, or may not: it dropped it (silent
+        past the engine's client timeout, say while this process was stopped, or not
+        reading), and with it every request in flight. End each of their streams with
+        an error, and say HELLO again so that new requests are served."""
         lost, self._streams = self._streams, {}
         for rid, q in lost.items():
-            q.put_nowait(
-                RequestOutput(
-                    rid,
-                    [],
-                    FinishReason.ERROR,
-                    error=(
-                        "the engine dropped this client (silent past the engine's client timeout, "
-                        "or "
-                        "not reading its outputs) and the request with it"
-                    ),
-                )
-            )
-        log.warning(
-            "the engine dropped this client; %d requests lost; saying HELLO again", len(lost)
-        )
+            q.put_nowait(RequestOutput(rid, [], FinishReason.ERROR, error=error))
+        log.warning("%s; %d requests lost; saying HELLO again", error, len(lost))
         self._send(Hello(PROTOCOL_VERSION, self.identity.hex()))
 
     def _fail_all(self, reason: str) -> None:
@@ -316,22 +384,30 @@ class EngineClient:
     def is_dead(self) -> bool:
         return self.dead_reason is not None
 
-    def tokenizer(self) -> Tokenizer:
-        """The engine's tokenizer, as its handshake names it (loaded once)."""
-        if self._tokenizer is None:
-            from tokenization import load_tokenizer
+    @property
+    def longest_stall_s(self) -> float:
+        """The longest time this client's IO thread could not run (this process was
+        stopped, or its Python threads starved), in seconds: time not counted as the
+        engine's silence."""
+        return self._watch.clock.longest_stall_s
 
+    def _start_tokenizer(self) -> Future[Tokenizer]:
+        """Load the engine's tokenizer in a thread of its own, once per process and
+        tokenizer. Loading a large vocabulary takes seconds and holds the GIL for
+        stretches, so it starts at the handshake (before requests are in flight)
+        rather than on first use; liveness does not depend on this process's Python
+        threads running meanwhile."""
+        if self._tokenizer is None:
             assert self.handshake is not None
-            tok = load_tokenizer(self.handshake.tokenizer, self.handshake.extra_special_tokens)
-            self._tokenizer = tok.with_vocab_rows(self.handshake.vocab_rows)
+            self._tokenizer = _load_in_background(self.handshake)
         return self._tokenizer
 
-    async def generate(
-        self,
-        request: EngineCoreRequest,
-        *,
-        stop: Sequence[str] = (),
-    ) -> AsyncIterator[RequestOutput]:
+    def tokenizer(self) -> Tokenizer:
+        """The engine's tokenizer, as its handshake names it (loaded once, in the
+        background from the handshake on; this waits for it)."""
+        return self._start_tokenizer().result()
+
+    async def generate(self, request: EngineCoreRequest) -> AsyncIterator[RequestOutput]:
         """Submit ``request`` and yield its outputs as they arrive; the last one has a
         finish reason. Raises `EngineDeadError` if the engine dies meanwhile. Leaving
         the loop early aborts the request in the engine."""
@@ -343,16 +419,16 @@ class EngineClient:
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in flight")
         frames = self._codec.encode(request)
-        if len(frames[1]) > DEFAULT_MAX_FRAME_BYTES:
-            # the engine's socket would drop the connection, and with it every other
-            # stream's outputs in flight; refuse here instead
+        size = len(frames[0]) + len(frames[1])
+        if size > DEFAULT_MAX_MESSAGE_BYTES:
+            # the engine would drop the message and this client, and with it every
+            # other stream's outputs in flight; refuse here instead
             raise ValueError(
-                f"request {rid!r} encodes to {len(frames[1])} bytes, over the "
-                f"engine's frame limit of {DEFAULT_MAX_FRAME_BYTES}"
+                f"request {rid!r} encodes to {size} bytes, over the engine's message "
+                f"limit of {DEFAULT_MAX_MESSAGE_BYTES}"
             )
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[rid] = q
-        stops = _StopStrings(stop, self.tokenizer()) if stop else None
         finished = False
         self._pump.send(frames)
         try:
@@ -360,21 +436,6 @@ class EngineClient:
                 item = await q.get()
                 if isinstance(item, BaseException):
                     raise item
-                if stops is not None and item.new_token_ids:
-                    hit = stops.push(item.new_token_ids)
-                    if hit is not None:
-                        keep, s = hit
-                        finished = True
-                        if not item.finished:
-                            self._send(AbortRequests([rid]))
-                        yield RequestOutput(
-                            rid,
-                            item.new_token_ids[:keep],
-                            FinishReason.STOP,
-                            s,
-                            num_reasoning_tokens=item.num_reasoning_tokens,
-                        )
-                        return
                 finished = item.finished
                 yield item
                 if finished:
@@ -410,12 +471,26 @@ class EngineClient:
         await self._close_pump()
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Stop a spawned engine (then kill it if it lingers), or leave a connected one."""
-        if self.proc is None:
+        """Stop the engine if this client holds its shutdown token (a spawned engine;
+        a spawned one is terminated, then killed, if it lingers), else leave it.
+        Raises RuntimeError if a connected engine refuses the token."""
+        if self.proc is None and self._shutdown_token is None:
             await self.close()
             return
-        if self.proc.poll() is None and self.dead_reason is None and not self._closed:
-            self._send(Shutdown("client shutdown"))
+        live = self.dead_reason is None and not self._closed and self.handshake is not None
+        if live and (self.proc is None or self.proc.poll() is None):
+            self._send(Shutdown("client shutdown", self._shutdown_token or ""))
+        if self.proc is None:
+            deadline = self._loop.time() + timeout_s
+            while live and self.dead_reason is None and not self._refusals:
+                if self._loop.time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            refused = list(self._refusals)
+            await self._close_pump()
+            if refused:
+                raise RuntimeError(f"the engine did not stop: {refused[0]}")
+            return
         try:
             await asyncio.to_thread(self.proc.wait, timeout_s)
         except subprocess.TimeoutExpired:
@@ -442,6 +517,33 @@ class EngineClient:
         await self.shutdown()
 
 
+_TOKENIZERS: dict[tuple[str, tuple[str, ...], int], Future[Tokenizer]] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def _load_in_background(hs: Handshake) -> Future[Tokenizer]:
+    """The tokenizer a handshake names, loading in a daemon thread (shared by every
+    client of this process that names the same one)."""
+    key = (hs.tokenizer, tuple(hs.extra_special_tokens), hs.vocab_rows)
+    with _TOKENIZERS_LOCK:
+        fut = _TOKENIZERS.get(key)
+        if fut is not None and not (fut.done() and fut.exception() is not None):
+            return fut
+        fut = _TOKENIZERS[key] = Future()
+
+    def load() -> None:
+        from tokenization import load_tokenizer
+
+        try:
+            tok = load_tokenizer(hs.tokenizer, hs.extra_special_tokens)
+            fut.set_result(tok.with_vocab_rows(hs.vocab_rows))
+        except BaseException as e:  # raised by tokenizer(), where it is needed
+            fut.set_exception(e)
+
+    threading.Thread(target=load, name="thinkgate-tokenizer", daemon=True).start()
+    return fut
+
+
 def _to_output(o: EngineCoreOutput) -> RequestOutput:
     return RequestOutput(
         o.request_id,
@@ -450,4 +552,5 @@ def _to_output(o: EngineCoreOutput) -> RequestOutput:
         o.stop_reason,
         o.error,
         o.num_reasoning_tokens,
+        o.logprobs,
     )

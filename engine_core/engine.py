@@ -9,30 +9,44 @@ One step, for the running batch:
 3. take the logits, apply the masks, sample;
 4. append the tokens, finish what stopped, and report.
 
+Nothing a request carries ends the engine: an exception while admitting, compiling,
+starting, feeding, filling, sampling, committing or finishing one request ends that
+request with an error, and the others go on (a batched call that raises is retried
+row by row to find the rows at fault, see `isolation.py`; a failed forward pass ends
+the requests of its step). Every request ends in `_finish`, which sends its one final
+output. What a request must satisfy to be admitted is in `admission.py`; how a step's
+constraints and sampling settings are gathered, in `step_inputs.py`.
+
 `EngineCore` never touches a socket: `server.py` moves messages between the sockets
-and this object.
+and this object, and reads its state through `stats`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ipc import EngineCoreOutput, EngineCoreRequest, FinishReason
-from reasoning import ReasoningError
-from structured_output import GrammarError, GrammarSpec
-from structured_output.guide import GuideError
-from structured_output.manager import StructuredOutputConfig, StructuredOutputManager
+from ipc import ENGINE_FULL, EngineCoreOutput, EngineCoreRequest, FinishReason
+from structured_output import GrammarError
+from structured_output.bitmask import FilledMask
+from structured_output.manager import StructuredOutputManager
 
+from .admission import check_request, error_message, spec_of
 from .config import EngineConfig
+from .isolation import sample_isolating
+from .logprobs import StepLogprobs
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
+from .step_inputs import gather_constraints, sampling_batch
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -42,43 +56,65 @@ log = logging.getLogger(__name__)
 Output = tuple[bytes, EngineCoreOutput]
 
 
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What the engine holds now (the health reply's counters)."""
+
+    num_running: int
+    num_waiting: int
+    num_steps: int
+    #: requests tracked, waiting or running, not yet ended
+    num_requests: int
+    #: per-request guides still alive
+    num_guides: int
+    #: grammar compiles queued or running
+    num_compiling: int
+    num_cached_grammars: int
+    #: grammars compiled, the seconds their compiles took, and submissions answered
+    #: from the compiled-grammar cache
+    num_compiled_grammars: int
+    compile_seconds: float
+    num_grammar_cache_hits: int
+    #: steps that filled bitmask rows, the rows filled, and the seconds the fills took
+    num_fill_steps: int
+    num_fill_rows: int
+    fill_seconds: float
+
+
 class EngineCore:
-    def __init__(self, config: EngineConfig, tokenizer) -> None:
+    def __init__(self, config: EngineConfig, tokenizer, *, device: str | None = None) -> None:
+        """``device``: ``config.resolved_device()`` when not given. Whatever start-up
+        built before a failure is closed again."""
         self.config = config
-        self.device = config.resolved_device()
-        self.runner = create_runner(
-            config.model,
-            tokenizer,
-            RunnerOptions(
-                device=self.device,
-                seed=config.seed,
+        self.device = device or config.resolved_device()
+        self._model_thread: ThreadPoolExecutor | None = None
+        self.runner = None
+        self.structured_output: StructuredOutputManager | None = None
+        try:
+            self.runner = create_runner(
+                config.model,
+                tokenizer,
+                RunnerOptions(
+                    device=self.device,
+                    seed=config.seed,
+                    max_num_seqs=config.max_num_seqs,
+                    own=config.runner_options,
+                ),
+            )
+            if self.runner.vocab_rows != tokenizer.vocab_rows:
+                tokenizer = tokenizer.with_vocab_rows(self.runner.vocab_rows)
+            self.structured_output = StructuredOutputManager(
+                tokenizer,
+                reasoning_parser=config.reasoning_parser,
                 max_num_seqs=config.max_num_seqs,
-                forward_ms=config.forward_ms,
-                closing_bias=config.closing_bias,
-                ending_texts=list(config.ending_texts),
-                script=config.script,
-            ),
-        )
-        if self.runner.vocab_rows != tokenizer.vocab_rows:
-            tokenizer = tokenizer.with_vocab_rows(self.runner.vocab_rows)
+                config=config.structured_output,
+                pin_memory=self.device.startswith("cuda"),
+            )
+        except BaseException:
+            self.close()
+            raise
         self.tokenizer = tokenizer
         self.vocab_rows = tokenizer.vocab_rows
-        self.so = StructuredOutputManager(
-            tokenizer,
-            reasoning_parser=config.reasoning_parser,
-            max_num_seqs=config.max_num_seqs,
-            config=StructuredOutputConfig(
-                max_whitespace=config.json_max_whitespace,
-                max_spec_bytes=config.max_spec_bytes,
-                compile_workers=config.compile_workers,
-                compile_timeout_s=config.compile_timeout_s,
-                cache_bytes=config.grammar_cache_mb << 20,
-                max_compiled_bytes=config.max_compiled_grammar_mb << 20,
-                worker_memory_bytes=config.compile_worker_memory_mb << 20,
-                fill_batch_threshold=config.fill_batch_threshold,
-            ),
-            pin_memory=self.device.startswith("cuda"),
-        )
         self.sampler = Sampler(self.vocab_rows)
         self.model_stop_ids = tuple(tokenizer.stop_token_ids)
         self.requests: dict[tuple[bytes, str], EngineRequest] = {}
@@ -86,92 +122,136 @@ class EngineCore:
         self.running: list[EngineRequest] = []
         self.rng = np.random.default_rng(config.seed)
         self.num_steps = 0
+        #: outputs made since the last public call returned them
+        self._out: list[Output] = []
+        #: running requests that asked for log-probabilities
+        self.num_logprob_requests = 0
+        #: steps that filled bitmask rows, the rows, and the seconds the fills took
+        self.num_fill_steps = 0
+        self.num_fill_rows = 0
+        self.fill_seconds = 0.0
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thinkgate-model")
 
     # ----- requests in and out ---------------------------------------------------
 
     def add_request(self, client: bytes, req: EngineCoreRequest) -> list[Output]:
-        """Queue a request; a request that cannot run is answered at once with an error."""
+        """Queue a request; one that cannot run is answered at once with an error."""
         try:
-            spec = self._check(client, req)
-            r = EngineRequest(
-                client,
-                req,
-                model_stop_ids=self.model_stop_ids,
-                model_seed=int(self.rng.integers(1 << 62)),
-                spec=spec,
-            )
-        except (GrammarError, ReasoningError, ValueError) as e:
-            return [(client, _final(req.request_id, FinishReason.ERROR, error=str(e)))]
-        if spec is not None:
-            r.grammar = self.so.submit(spec)
-        self.requests[r.key] = r
-        self.waiting.append(r)
-        return []
+            self._admit(client, req)
+        except ValueError as e:  # the request's own fault (GrammarError, ReasoningError too)
+            self._out.append((client, _refusal(req.request_id, str(e))))
+        except Exception as e:  # noqa: BLE001 - ends this request only
+            msg = error_message(e, "admitting the request", req.request_id)
+            self._out.append((client, _refusal(req.request_id, msg)))
+        return self._take()
 
-    def _check(self, client: bytes, req: EngineCoreRequest) -> GrammarSpec | None:
-        sp = req.sampling_params
+    def _admit(self, client: bytes, req: EngineCoreRequest) -> None:
         if (client, req.request_id) in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         held, limit = len(self.requests), self.config.max_num_seqs + self.config.max_waiting
         if held >= limit:
             raise ValueError(
-                f"the engine is full: it holds {held} requests ({self.config.max_num_seqs} "
+                f"{ENGINE_FULL}: it holds {held} requests ({self.config.max_num_seqs} "
                 f"running, {self.config.max_waiting} waiting at most); retry later"
             )
-        if not req.prompt_token_ids:
-            raise ValueError("the prompt is empty")
-        if sp.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        if len(req.prompt_token_ids) + sp.max_tokens > self.config.max_model_len:
-            raise ValueError(
-                f"prompt ({len(req.prompt_token_ids)} tokens) plus max_tokens ({sp.max_tokens}) "
-                f"exceeds the engine's max_model_len of {self.config.max_model_len}"
-            )
-        if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= self.vocab_rows:
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_rows})")
-        if not sp.temperature >= 0 or not 0 < sp.top_p <= 1 or not 0 <= sp.top_k < 1 << 63:
-            raise ValueError("need temperature >= 0, 0 < top_p <= 1 and 0 <= top_k < 2**63")
-        if sp.seed is not None and not 0 <= sp.seed < 1 << 64:
-            raise ValueError("seed must lie in [0, 2**64)")
-        if not 0 <= sp.min_tokens <= sp.max_tokens:
-            raise ValueError("min_tokens must lie between 0 and max_tokens")
-        if any(not 0 <= t < self.vocab_rows for t in sp.stop_token_ids):
-            raise ValueError(f"stop token ids must lie in [0, {self.vocab_rows})")
-        if req.reasoning_budget is not None and req.reasoning_budget < 0:
-            raise ValueError("reasoning_budget must be >= 0")
+        check_request(req, self.config, self.vocab_rows)
         if req.reasoning_ended is not None:
-            self.so.parser_for(req.reasoning_parser_kwargs)  # kwargs the parser rejects
-        if req.structured_output is None:
-            return None
-        so = req.structured_output
-        return GrammarSpec.of(so.kind, so.value, so.ignore_unsupported_keywords)
+            self.structured_output.parser_for(req.reasoning_parser_kwargs)  # kwargs it rejects
+        spec = spec_of(req)
+        r = EngineRequest(
+            client,
+            req,
+            model_stop_ids=self.model_stop_ids,
+            model_seed=int(self.rng.integers(1 << 62)),
+            spec=spec,
+        )
+        if spec is not None:
+            r.grammar = self.structured_output.submit(spec)
+        self.requests[r.key] = r
+        self.waiting.append(r)
 
     def abort(self, client: bytes, request_ids: Iterable[str]) -> list[Output]:
-        out: list[Output] = []
         for rid in request_ids:
             r = self.requests.get((client, rid))
-            if r is not None and r.status != Status.FINISHED:
-                r.finish(FinishReason.ABORT)
-                out.append((client, self._final_of(r)))
-                self._forget(r)
-        return out
+            if r is not None:
+                self._finish(r, FinishReason.ABORT)
+        return self._take()
+
+    def abort_all(self, error: str) -> list[Output]:
+        """End every request (the engine is stopping): each gets its final output,
+        aborted, with ``error`` saying why."""
+        for r in list(self.requests.values()):
+            self._finish(r, FinishReason.ABORT, error=error)
+        return self._take()
 
     def drop_client(self, client: bytes) -> int:
-        """Abort every request of a client that went away (nothing is sent)."""
+        """End every request of a client that went away (nothing is sent to it)."""
         mine = [r for r in self.requests.values() if r.client == client]
         for r in mine:
-            r.finish(FinishReason.ABORT)
-            self._forget(r)
+            self._finish(r, FinishReason.ABORT, notify=False)
         return len(mine)
 
-    def _forget(self, r: EngineRequest) -> None:
-        # A grammar still compiling is never cancelled here: requests with the same
-        # spec share its future. The compile service skips a compile that no request
-        # wants any more if it has not started; one that has runs on, and is cached.
+    def _finish(
+        self,
+        r: EngineRequest,
+        reason: FinishReason,
+        *,
+        error: str | None = None,
+        stop: int | None = None,
+        notify: bool = True,
+    ) -> None:
+        """End ``r``: its last token reaches its guide (it counts, for the reasoning
+        token count, and a grammar that rejects it turns a normal finish into an
+        error), the engine forgets it, and its final output is queued. The one place
+        a request ends; it never raises."""
+        if r.status == Status.FINISHED:
+            return
+        g, count = r.guide, 0
+        if g is not None:
+            try:
+                if r.pending is not None:
+                    tok, r.pending = r.pending, None
+                    g.accept(tok, r.output_ids)
+                count = g.num_reasoning_tokens
+            except Exception as e:  # noqa: BLE001 - the request ends either way
+                msg = error_message(e, "finishing the request", r.request_id)
+                if reason in (FinishReason.STOP, FinishReason.LENGTH):
+                    reason, error, stop = FinishReason.ERROR, msg, None
+        r.finish(reason, error=error, stop=stop)
+        r.guide = None
         self.requests.pop(r.key, None)
         if r.grammar is not None and r.spec is not None and not r.grammar.done():
-            self.so.release(r.spec, r.grammar)
+            # Never cancelled here: requests with the same spec share the compile. One
+            # that no request wants any more is skipped if it has not started.
+            try:
+                self.structured_output.release(r.spec, r.grammar)
+            except Exception:  # the compile runs on, cached; the request ends regardless
+                log.exception("releasing the grammar of request %r failed", r.request_id)
+        if notify:
+            self._out.append(
+                (
+                    r.client,
+                    EngineCoreOutput(
+                        r.request_id,
+                        r.output_ids[r.num_sent :],
+                        finish_reason=reason,
+                        stop_reason=stop,
+                        error=error,
+                        num_reasoning_tokens=count,
+                        logprobs=r.logprobs.take() if r.logprobs is not None else None,
+                    ),
+                )
+            )
+            r.num_sent = len(r.output_ids)
+
+    def _fail(self, r: EngineRequest, e: BaseException, stage: str) -> None:
+        self._finish(r, FinishReason.ERROR, error=error_message(e, stage, r.request_id))
+
+    def _take(self) -> list[Output]:
+        out, self._out = self._out, []
+        return out
+
+    # ----- state ------------------------------------------------------------------
 
     @property
     def num_running(self) -> int:
@@ -192,16 +272,36 @@ class EngineCore:
             r.grammar is None or r.grammar.done() for r in self.waiting
         )
 
+    def stats(self) -> EngineStats:
+        so = self.structured_output
+        return EngineStats(
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            num_steps=self.num_steps,
+            num_requests=len(self.requests),
+            num_guides=so.num_guides,
+            num_compiling=so.num_compiling,
+            num_cached_grammars=so.num_cached_grammars,
+            num_compiled_grammars=so.compiler.num_compiled,
+            compile_seconds=so.compiler.compile_seconds,
+            num_grammar_cache_hits=so.compiler.num_cache_hits,
+            num_fill_steps=self.num_fill_steps,
+            num_fill_rows=self.num_fill_rows,
+            fill_seconds=self.fill_seconds,
+        )
+
     # ----- scheduling -----------------------------------------------------------
 
-    def _schedule(self, out: list[Output]) -> None:
+    def _schedule(self) -> None:
         """Drop finished rows; admit waiting requests whose grammar is ready, first
         come first served, up to ``max_num_seqs``. A request whose grammar is still
         compiling keeps its place and lets the ones behind it pass."""
         if any(r.status == Status.FINISHED for r in self.running):
             for r in self.running:
                 if r.status == Status.FINISHED:
-                    self.runner.remove(r)
+                    self._leave_runner(r)
+                    if r.logprobs is not None:
+                        self.num_logprob_requests -= 1
             self.running = [r for r in self.running if r.status != Status.FINISHED]
         room = self.config.max_num_seqs - len(self.running)
         if not self.waiting or room <= 0:
@@ -216,172 +316,166 @@ class EngineCore:
                 still.append(r)
                 continue
             try:
-                compiled = _grammar_of(r.grammar)
-                r.guide = self.so.make_guide(
-                    compiled,
-                    prompt_token_ids=r.prompt_token_ids,
-                    reasoning_ended=r.reasoning_ended,
-                    reasoning_kwargs=r.reasoning_kwargs,
-                    reasoning_budget=r.reasoning_budget,
-                    stop_token_ids=r.grammar_stop_ids,
-                )
-            except (GrammarError, ReasoningError, CancelledError) as e:
-                r.finish(FinishReason.ERROR, error=str(e) or "grammar compilation was cancelled")
-                out.append((r.client, self._final_of(r)))
-                self.requests.pop(r.key, None)
+                self._start(r)
+            except Exception as e:  # noqa: BLE001 - ends this request only
+                self._fail(r, e, "starting the request")
                 continue
-            r.status = Status.RUNNING
-            self.runner.add(r)
-            self.running.append(r)
             room -= 1
         still.extend(waiting)
         self.waiting = still
 
+    def _start(self, r: EngineRequest) -> None:
+        """Make the guide of ``r`` (its grammar has compiled) and add it to the batch."""
+        r.guide = self.structured_output.make_guide(
+            _grammar_of(r.grammar),
+            prompt_token_ids=r.prompt_token_ids,
+            reasoning_ended=r.reasoning_ended,
+            reasoning_kwargs=r.reasoning_kwargs,
+            reasoning_budget=r.reasoning_budget,
+            stop_token_ids=r.grammar_stop_ids,
+        )
+        try:
+            self.runner.add(r)
+        except BaseException:
+            self._leave_runner(r)
+            raise
+        r.status = Status.RUNNING
+        if r.logprobs is not None:
+            self.num_logprob_requests += 1
+        self.running.append(r)
+
+    def _leave_runner(self, r: EngineRequest) -> None:
+        try:
+            self.runner.remove(r)
+        except Exception:  # the request has ended already; the runner's state is its own
+            log.exception("the runner failed to remove request %r", r.request_id)
+
     # ----- one step ---------------------------------------------------------------
 
     def step(self) -> list[Output]:
-        out: list[Output] = []
-        self._schedule(out)
+        self._schedule()
         batch = self.running
-        if not batch:
-            return out
-        forward = self._model_thread.submit(self.runner.forward, batch)
-        cons, ok = self._prepare(batch, out)
-        sb = self._sampling_batch(batch)  # while the forward pass runs, like _prepare
-        logits = forward.result()
-        tokens = self.sampler.sample(logits, sb, cons)
-        self.num_steps += 1
-        self._commit(batch, tokens, ok, out)
-        return out
+        if batch:
+            try:
+                self._step(batch)
+            except Exception as e:  # noqa: BLE001 - a fault no row was found to cause
+                for r in batch:
+                    self._fail(r, e, "running its step")
+        return self._take()
 
-    def _prepare(
-        self, batch: list[EngineRequest], out: list[Output]
-    ) -> tuple[StepConstraints, list[bool]]:
+    def _step(self, batch: list[EngineRequest]) -> None:
+        forward = self._model_thread.submit(self.runner.forward, batch)
+        try:
+            cons, live = self._prepare(batch)
+            sb = self._sampling_batch(batch)  # while the forward pass runs, like _prepare
+        except BaseException:
+            wait_for([forward])  # it reads the rows: let it end before anything else
+            raise
+        try:
+            logits = forward.result()
+        except Exception as e:  # noqa: BLE001 - the model failed, not a request
+            log.error("the forward pass failed; ending the %d requests of its step", len(batch))
+            for r in batch:
+                self._fail(r, e, "running the model's forward pass")
+            return
+        # before the sampler edits the logits in place
+        lp = StepLogprobs.gather(logits, batch) if self.num_logprob_requests else None
+        try:
+            tokens = self.sampler.sample(logits, sb, cons)
+        except Exception as e:  # noqa: BLE001 - find the rows at fault
+            tokens = sample_isolating(
+                self.sampler, logits, sb, cons, live, e, self._row_failer(batch, live, "sampling")
+            )
+        if lp is not None:
+            lp.record(tokens)
+        self.num_steps += 1
+        self._commit(batch, tokens, live)
+
+    def _row_failer(self, batch: list[EngineRequest], live: list[bool], stage: str):
+        def fail(i: int, e: BaseException) -> None:
+            live[i] = False
+            self._fail(batch[i], e, stage)
+
+        return fail
+
+    def _prepare(self, batch: list[EngineRequest]) -> tuple[StepConstraints, list[bool]]:
         """Feed last step's tokens to the guides; gather this step's masks, bans and
-        forced tokens."""
-        ok = [True] * len(batch)
-        fill_rows: list[int] = []
-        fill_guides = []
-        ban_rows: list[int] = []
-        ban_ids: list[int] = []
-        forced_rows: list[int] = []
-        forced_ids: list[int] = []
-        for i, r in enumerate(batch):
-            g = r.guide
-            if g is not None:
-                if r.pending is not None:
-                    try:
-                        g.accept(r.pending, r.output_ids)
-                    except GuideError as e:
-                        ok[i] = False
-                        r.pending = None
-                        r.finish(FinishReason.ERROR, error=str(e))
-                        out.append((r.client, self._final_of(r)))
-                        self.requests.pop(r.key, None)
-                        continue
-                if g.needs_mask:
-                    fill_rows.append(i)
-                    fill_guides.append(g)
-                elif g.thinking:
-                    f = g.forced_token()
-                    if f is not None:
-                        forced_rows.append(i)
-                        forced_ids.append(f)
-                    if g.banned:
-                        ban_rows.extend([i] * len(g.banned))
-                        ban_ids.extend(g.banned)
-            r.pending = None
-            if len(r.output_ids) < r.min_tokens and r.stop_ids:
-                ban_rows.extend([i] * len(r.stop_ids))
-                ban_ids.extend(r.stop_ids)
-        mask = self.so.fill(fill_rows, fill_guides) if fill_rows else None
-        cons = StepConstraints(
-            mask=mask,
-            ban_rows=np.asarray(ban_rows, dtype=np.int64),
-            ban_ids=np.asarray(ban_ids, dtype=np.int64),
-            forced_rows=np.asarray(forced_rows, dtype=np.int64),
-            forced_ids=np.asarray(forced_ids, dtype=np.int64),
+        forced tokens. Also returns which rows are still live."""
+        return gather_constraints(
+            batch, self._fill, lambda i, e, stage: self._fail(batch[i], e, stage)
         )
-        return cons, ok
+
+    def _fill(self, rows: list[int], guides: list) -> FilledMask:
+        t0 = time.perf_counter()
+        mask = self.structured_output.fill(rows, guides)
+        self.fill_seconds += time.perf_counter() - t0
+        self.num_fill_steps += 1
+        self.num_fill_rows += len(rows)
+        return mask
 
     def _sampling_batch(self, batch: list[EngineRequest]) -> SamplingBatch:
-        n = len(batch)
-        u = self.rng.random(n)
-        for i, r in enumerate(batch):
-            if r.generator is not None:
-                u[i] = r.generator.random()
-        return SamplingBatch(
-            temperature=np.fromiter((r.temperature for r in batch), np.float32, n),
-            top_p=np.fromiter((r.top_p for r in batch), np.float32, n),
-            top_k=np.fromiter((r.top_k for r in batch), np.int64, n),
-            uniforms=u,
-        )
+        return sampling_batch(batch, self.rng)
 
-    def _commit(
-        self, batch: list[EngineRequest], tokens: np.ndarray, ok: list[bool], out: list[Output]
-    ) -> None:
+    def _commit(self, batch: list[EngineRequest], tokens: np.ndarray, live: list[bool]) -> None:
+        out = self._out
         for i, r in enumerate(batch):
-            if not ok[i] or r.status == Status.FINISHED:
+            if not live[i] or r.status == Status.FINISHED:
                 continue
-            tok = int(tokens[i])
-            if tok < 0:
-                r.finish(FinishReason.ERROR, error="the grammar allows no token here")
-                out.append((r.client, self._final_of(r)))
-                self.requests.pop(r.key, None)
-                continue
-            r.output_ids.append(tok)
-            r.pending = tok
-            n = len(r.output_ids)
-            if tok in r.stop_ids and n >= r.min_tokens:
-                r.finish(FinishReason.STOP, stop=tok)
-            elif (
-                r.guide is not None
-                and r.guide.matcher is not None
-                and tok in r.grammar_stop_ids
-                and r.guide.needs_mask
-            ):
-                r.finish(FinishReason.STOP, stop=tok)  # the grammar ended (ignore_eos aside)
-            elif n >= r.max_tokens:
-                r.finish(FinishReason.LENGTH)
-            if r.status == Status.FINISHED:
-                self.requests.pop(r.key, None)
-                out.append((r.client, self._final_of(r)))
-            else:
-                out.append(
-                    (
-                        r.client,
-                        EngineCoreOutput(
-                            r.request_id,
-                            r.output_ids[r.num_sent :],
-                            num_reasoning_tokens=r.guide.num_reasoning_tokens if r.guide else 0,
-                        ),
+            try:
+                tok = int(tokens[i])
+                if tok < 0:
+                    self._finish(r, FinishReason.ERROR, error="the grammar allows no token here")
+                    continue
+                r.output_ids.append(tok)
+                r.pending = tok
+                n = len(r.output_ids)
+                if tok in r.stop_ids and n >= r.min_tokens:
+                    self._finish(r, FinishReason.STOP, stop=tok)
+                elif r.guide is not None and tok in r.grammar_stop_ids and _grammar_ended(r):
+                    self._finish(r, FinishReason.STOP, stop=tok)  # ignore_eos aside
+                elif n >= r.max_tokens:
+                    self._finish(r, FinishReason.LENGTH)
+                else:
+                    out.append(
+                        (
+                            r.client,
+                            EngineCoreOutput(
+                                r.request_id,
+                                r.output_ids[r.num_sent :],
+                                num_reasoning_tokens=r.guide.num_reasoning_tokens
+                                if r.guide is not None
+                                else 0,
+                                logprobs=r.logprobs.take() if r.logprobs is not None else None,
+                            ),
+                        )
                     )
-                )
-                r.num_sent = n
-
-    def _final_of(self, r: EngineRequest) -> EngineCoreOutput:
-        new = r.output_ids[r.num_sent :]
-        r.num_sent = len(r.output_ids)
-        g = r.guide
-        if g is not None and r.pending is not None:
-            try:  # the last token counts too (for the reasoning token count)
-                g.accept(r.pending, r.output_ids)
-            except GuideError:
-                pass
-            r.pending = None
-        return EngineCoreOutput(
-            r.request_id,
-            new,
-            finish_reason=r.finish_reason,
-            stop_reason=r.stop_reason,
-            error=r.error,
-            num_reasoning_tokens=g.num_reasoning_tokens if g is not None else 0,
-        )
+                    r.num_sent = n
+            except Exception as e:  # noqa: BLE001 - ends this request only
+                self._fail(r, e, "taking its sampled token")
 
     def close(self) -> None:
-        self._model_thread.shutdown(wait=True)
-        self.runner.close()
-        self.so.close()
+        """Stop the model thread, the runner and the grammar compilers (whatever of
+        them start-up built)."""
+        if self._model_thread is not None:
+            self._model_thread.shutdown(wait=True)
+        if self.runner is not None:
+            try:
+                self.runner.close()
+            except Exception:
+                log.exception("the runner failed to close")
+        if self.structured_output is not None:
+            self.structured_output.close()
+
+
+def _grammar_ended(r: EngineRequest) -> bool:
+    """Whether the stop token just sampled ends the grammar of ``r``: it is fed to the
+    guide now (rather than next step), and the guide says."""
+    g = r.guide
+    assert g is not None
+    tok, r.pending = r.pending, None
+    if tok is not None:
+        g.accept(tok, r.output_ids)
+    return g.terminated
 
 
 def _grammar_of(f: Future[xgr.CompiledGrammar] | None) -> xgr.CompiledGrammar | None:
@@ -397,5 +491,5 @@ def _grammar_of(f: Future[xgr.CompiledGrammar] | None) -> xgr.CompiledGrammar | 
     return f.result()
 
 
-def _final(request_id: str, reason: FinishReason, *, error: str | None = None) -> EngineCoreOutput:
-    return EngineCoreOutput(request_id, [], finish_reason=reason, error=error)
+def _refusal(request_id: str, error: str) -> EngineCoreOutput:
+    return EngineCoreOutput(request_id, [], finish_reason=FinishReason.ERROR, error=error)

@@ -10,6 +10,8 @@ import numpy as np
 
 from ipc import EngineCoreRequest, FinishReason
 
+from .logprobs import LogprobBuffer
+
 if TYPE_CHECKING:
     import xgrammar as xgr
 
@@ -51,6 +53,7 @@ class EngineRequest:
         "error",
         "pending",
         "arrival_time",
+        "logprobs",
     )
 
     def __init__(
@@ -92,6 +95,8 @@ class EngineRequest:
         #: the token sampled last step, still to be fed to the guide
         self.pending: int | None = None
         self.arrival_time = req.arrival_time
+        #: the log-probabilities still to send, when the request asks for them
+        self.logprobs = LogprobBuffer(sp.logprobs) if sp.logprobs is not None else None
 
     @property
     def key(self) -> tuple[bytes, str]:

@@ -9,6 +9,15 @@ masking every logit costs more than filling the mask. So a constrained row that
 allows few tokens is sampled from those tokens alone (`structured_output.apply`
 lists them from the bitmask); other rows go through one batched full-vocabulary
 pass. On a GPU the mask is applied by xgrammar's kernel and everything stays there.
+
+A row with top-k or top-p never sorts its vocabulary: it draws from a partial top-k
+of its logits (``top_k`` of them, or `Sampler.top_p_candidates` for top-p alone,
+grown only for a row whose top-p mass lies beyond them). Top-k and top-p are defined
+once, in `sampling_math.draw_sorted`, for this path and the sparse one alike.
+
+Two kernels run the full-vocabulary passes: ``numpy`` (a CPU: in place, run by run of
+consecutive rows) and ``torch`` (any device; the default off the CPU). Both run on CPU
+tensors too, so that both are tested here.
 """
 
 from __future__ import annotations
@@ -20,6 +29,19 @@ import torch
 
 from structured_output.apply import allowed_counts, allowed_ids, apply_bitmask_inplace
 from structured_output.bitmask import FilledMask
+
+from .sampling_math import (
+    TopPScratch,
+    draw_candidates,
+    draw_sorted,
+    inverse_cdf_np,
+    inverse_cdf_np_rows,
+    inverse_cdf_torch,
+    top_p_candidates_np,
+    topk_rows,
+    weights_np,
+    weights_torch,
+)
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -50,27 +72,50 @@ class StepConstraints:
 class Sampler:
     """Turns a step's logits into one token per row (-1: the row allowed nothing)."""
 
+    KERNELS = ("numpy", "torch")
+
     def __init__(
-        self, vocab_rows: int, *, max_sparse_ids: int | None = None, top_p_candidates: int = 1024
+        self,
+        vocab_rows: int,
+        *,
+        max_sparse_ids: int | None = None,
+        top_p_candidates: int = 1024,
+        kernel: str | None = None,
     ):
         self.vocab_rows = vocab_rows
         #: a mask row that allows at most this many ids is sampled from them alone
         #: (default: a sixteenth of the vocabulary); the others are masked in place
-        #: and go through the full-vocabulary pass
+        #: and go through the full-vocabulary pass (numpy kernel only)
         self.max_sparse_ids = vocab_rows // 16 if max_sparse_ids is None else max_sparse_ids
+        #: torch kernel: a top-p row without top-k draws from its this many most likely
+        #: ids, or from 16 times as many (then all) when they hold less than its top-p
+        #: mass (the numpy kernel finds how many it needs from a histogram instead)
         self.top_p_candidates = top_p_candidates
+        if kernel is not None and kernel not in self.KERNELS:
+            raise ValueError(f"unknown sampler kernel {kernel!r}; known: {self.KERNELS}")
+        #: ``numpy`` or ``torch``; None: numpy for CPU logits, torch elsewhere
+        self.kernel = kernel
+        self._scratch: TopPScratch | None = None
+
+    def _numpy(self, logits: torch.Tensor) -> bool:
+        if self.kernel is None:
+            return logits.device.type == "cpu"
+        if self.kernel == "numpy" and logits.device.type != "cpu":
+            raise ValueError("the numpy sampler kernel needs CPU logits")
+        return self.kernel == "numpy"
 
     def sample(
         self, logits: torch.Tensor, batch: SamplingBatch, cons: StepConstraints
     ) -> np.ndarray:
         """One token per row of ``logits`` ``[n, vocab_rows]`` (edited in place)."""
         n = logits.shape[0]
+        use_np = self._numpy(logits)
         tokens = np.empty(n, dtype=np.int64)
         full = np.ones(n, dtype=bool)
         masked = np.zeros(n, dtype=bool)
         if cons.mask is not None and len(cons.mask.rows):
             rows = cons.mask.rows
-            if logits.device.type == "cpu":
+            if use_np:
                 words = cons.mask.buffer.numpy()[rows].view(np.uint32)
                 small = allowed_counts(words) <= self.max_sparse_ids
                 sparse_rows = rows[small]
@@ -90,14 +135,19 @@ class Sampler:
                 masked[rows] = True
         full_rows = np.flatnonzero(full)
         if len(full_rows):
-            self._ban(logits, cons, full, masked)
-            tokens[full_rows] = self._sample_full(logits, full_rows, batch)
+            self._ban(logits, cons, full, masked, use_np)
+            tokens[full_rows] = self._sample_full(logits, full_rows, batch, use_np)
         if len(cons.forced_rows):
             tokens[cons.forced_rows] = cons.forced_ids
         return tokens
 
     def _ban(
-        self, logits: torch.Tensor, cons: StepConstraints, full: np.ndarray, masked: np.ndarray
+        self,
+        logits: torch.Tensor,
+        cons: StepConstraints,
+        full: np.ndarray,
+        masked: np.ndarray,
+        use_np: bool,
     ) -> None:
         """Forbid the (row, id) bans of full-vocabulary rows, except in a row where
         they would forbid everything (only a masked row can come to that)."""
@@ -107,7 +157,7 @@ class Sampler:
         if not sel.any():
             return
         rows, ids = cons.ban_rows[sel], cons.ban_ids[sel]
-        if logits.device.type == "cpu":
+        if use_np:
             x = logits.numpy()
             saved = x[rows, ids].copy()
             x[rows, ids] = -np.inf
@@ -129,39 +179,36 @@ class Sampler:
                 logits[r[lift], i[lift]] = saved_t[lift]
 
     def _sample_full(
-        self, logits: torch.Tensor, rows: np.ndarray, batch: SamplingBatch
+        self, logits: torch.Tensor, rows: np.ndarray, batch: SamplingBatch, use_np: bool
     ) -> np.ndarray:
         """Sample rows ``rows`` of ``logits`` over the whole vocabulary (masked ids are
-        -inf already). Rows are edited in place. On a CPU the passes run in numpy,
-        several times faster here than torch's reductions over such wide rows."""
+        -inf already). Rows are edited in place."""
         n = logits.shape[0]
         dev = logits.device
-        cpu = dev.type == "cpu"
-        arr = logits.numpy() if cpu else logits
+        arr = logits.numpy() if use_np else logits
         temp = batch.temperature[rows]
         out = np.empty(len(rows), dtype=np.int64)
         greedy = temp <= 0
-        if greedy.any():
+        if greedy.any():  # the best id; -1 where nothing is allowed
             g = rows[greedy]
-            if cpu:
-                out[greedy] = (arr if len(g) == n else arr[g]).argmax(axis=1)
+            if use_np:
+                z = arr if len(g) == n else arr[g]
+                best = z.argmax(axis=1)
+                top = z[np.arange(len(g)), best]
             else:
-                z = logits if len(g) == n else logits[torch.from_numpy(g).to(dev)]
-                out[greedy] = z.argmax(dim=1).cpu().numpy()
+                zt = logits if len(g) == n else logits[torch.from_numpy(g).to(dev)]
+                top_t, best_t = zt.max(dim=1)
+                best, top = best_t.cpu().numpy(), top_t.cpu().numpy()
+            out[greedy] = np.where(np.isneginf(top), -1, best)
         rnd = np.flatnonzero(~greedy)
         if not len(rnd):
             return out
         r = rows[rnd]
         cut = (batch.top_k[r] > 0) | (batch.top_p[r] < 1)
         trimmed = r[cut]
-        if len(trimmed):  # top-k / top-p rows: on a copy, before the in-place pass
-            z = logits[torch.from_numpy(trimmed).to(dev)]
-            z /= torch.from_numpy(temp[rnd[cut]]).to(dev, z.dtype).unsqueeze(1)
-            z = self._top_k_top_p(z, batch.top_k[trimmed], batch.top_p[trimmed])
-            out[rnd[cut]] = (
-                _inverse_cdf_np(z.numpy(), None, batch.uniforms[trimmed])
-                if cpu
-                else _inverse_cdf(z, None, batch.uniforms[trimmed])
+        if len(trimmed):
+            out[rnd[cut]] = self._sample_trimmed(
+                logits, trimmed, 1.0 / temp[rnd[cut]], batch, use_np
             )
         plain = r[~cut]
         if not len(plain):  # temperature only: straight from the logits, in place
@@ -176,49 +223,86 @@ class Sampler:
             # about as much as the pass itself.
             inv_all, u_all = np.ones(n), np.zeros(n)
             inv_all[plain], u_all[plain] = inv_t, u
-            z_all = arr
             drawn = (
-                _inverse_cdf_np(z_all, inv_all, u_all)
-                if cpu
-                else _inverse_cdf(z_all, inv_all, u_all)
+                inverse_cdf_np(arr, inv_all, u_all)
+                if use_np
+                else inverse_cdf_torch(arr, inv_all, u_all)
             )
             out[rnd[~cut]] = drawn[plain]
-        elif cpu:
-            out[rnd[~cut]] = _inverse_cdf_np_rows(arr, plain, inv_t, u)
+        elif use_np:
+            out[rnd[~cut]] = inverse_cdf_np_rows(arr, plain, inv_t, u)
         else:
-            out[rnd[~cut]] = _inverse_cdf(logits[torch.from_numpy(plain).to(dev)], inv_t, u)
+            out[rnd[~cut]] = inverse_cdf_torch(logits[torch.from_numpy(plain).to(dev)], inv_t, u)
         return out
 
-    def _top_k_top_p(self, z: torch.Tensor, top_k: np.ndarray, top_p: np.ndarray) -> torch.Tensor:
-        """Set to -inf what top-k / top-p cut (``z`` is edited in place)."""
-        vocab, dev = z.shape[1], z.device
-        if (top_k > 0).any():
-            k = torch.from_numpy(np.where(top_k > 0, np.minimum(top_k, vocab), vocab)).to(dev)
-            kmax = int(k.max())
-            kth = torch.topk(z, kmax, dim=1).values.gather(1, (k - 1).unsqueeze(1))
-            z = z.masked_fill(z < kth, float("-inf"))
-        if (top_p < 1).any():
-            rows = torch.from_numpy(np.flatnonzero(top_p < 1)).to(dev)
-            p = torch.from_numpy(top_p).to(dev, dtype=z.dtype)[rows]
-            probs = torch.softmax(z[rows], dim=1)
-            cand = min(self.top_p_candidates, vocab)
-            vals = torch.topk(probs, cand, dim=1).values
-            cum = torch.cumsum(vals, dim=1)
-            enough = cum[:, -1] >= p
-            if not bool(enough.all()):  # the candidates hold too little mass: sort fully
-                vals_full = torch.sort(probs[~enough], dim=1, descending=True).values
-                cum_full = torch.cumsum(vals_full, dim=1)
-            # smallest set of highest probabilities whose mass reaches p
-            cut_at = torch.searchsorted(cum, p.unsqueeze(1)).clamp_(max=cand - 1)
-            threshold = vals.gather(1, cut_at).squeeze(1)
-            if not bool(enough.all()):
-                cut_full = torch.searchsorted(cum_full, p[~enough].unsqueeze(1)).clamp_(
-                    max=vocab - 1
-                )
-                threshold[~enough] = vals_full.gather(1, cut_full).squeeze(1)
-            drop = probs < threshold.unsqueeze(1)
-            z[rows] = z[rows].masked_fill(drop, float("-inf"))
-        return z
+    def _sample_trimmed(
+        self,
+        logits: torch.Tensor,
+        rows: np.ndarray,
+        inv_t: np.ndarray,
+        batch: SamplingBatch,
+        use_np: bool,
+    ) -> np.ndarray:
+        """Rows ``rows`` (ascending) with top-k or top-p, drawn from a partial top-k
+        of their logits, never a sort of the vocabulary: a top-k row from its
+        ``top_k`` best ids; a top-p row from its `top_p_candidates` most likely ids,
+        16 times as many for a row whose top-p mass lies beyond them, and all of them
+        only past that. Rows of one candidate count share one call (so a row's
+        candidates, and its draw, never depend on the rest of the batch)."""
+        vocab = logits.shape[1]
+        top_k, top_p, u = batch.top_k[rows], batch.top_p[rows], batch.uniforms[rows]
+        k = np.where((top_k > 0) & (top_k < vocab), top_k, 0)
+        out = np.full(len(rows), -1, dtype=np.int64)
+        by_k = np.flatnonzero(k > 0)
+        for kk in np.unique(k[by_k]).tolist():
+            sel = by_k[k[by_k] == kk]
+            vals, ids = topk_rows(logits, rows[sel], kk, in_place=use_np)
+            top = vals[:, :1].copy()
+            top[~np.isfinite(top)] = 0.0  # a row with nothing allowed: all weights 0
+            w = vals - top
+            w *= inv_t[sel, None]
+            np.exp(w, out=w)
+            out[sel] = draw_candidates(w, ids, k[sel], top_p[sel], u[sel])[0]
+        by_p = np.flatnonzero(k == 0)
+        if not len(by_p):
+            return out
+        # top-p alone: the rows become their weights, whose mass top-p needs
+        p_rows = rows[by_p]
+        if use_np:
+            x = logits.numpy()
+            mass = weights_np(x, p_rows, inv_t[by_p])
+            # one row at a time: each is a few vector passes over the row (a batched
+            # form would need scratch the size of the rows, and gains nothing here)
+            if self._scratch is None:
+                self._scratch = TopPScratch(vocab)
+            w_parts, id_parts = [], []
+            for i, r in enumerate(p_rows.tolist()):
+                w, ids = top_p_candidates_np(x, r, mass[i], float(top_p[by_p[i]]), self._scratch)
+                w_parts.append(w)
+                id_parts.append(ids)
+            counts = np.fromiter((len(w) for w in w_parts), np.int64, len(w_parts))
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            sel = by_p
+            pos, _ = draw_sorted(
+                np.concatenate(w_parts), starts, counts, k[sel], top_p[sel], u[sel], mass
+            )
+            flat = np.concatenate(id_parts)
+            out[sel] = np.where(pos >= 0, flat[np.maximum(pos, 0)], -1)
+            return out
+        src = logits.index_select(0, torch.from_numpy(p_rows).to(logits.device))
+        mass = weights_torch(src, inv_t[by_p])
+        pending = np.arange(len(by_p))
+        cand = min(self.top_p_candidates, vocab)
+        while len(pending):
+            sel = by_p[pending]
+            w, ids = topk_rows(src, pending, cand, in_place=False)
+            tok, short = draw_candidates(w, ids, k[sel], top_p[sel], u[sel], mass[pending])
+            if cand >= vocab:
+                short[:] = False
+            out[sel[~short]] = tok[~short]
+            pending = pending[short]
+            cand = min(vocab, cand * 16)
+        return out
 
     def _sample_sparse(
         self,
@@ -252,140 +336,27 @@ class Sampler:
         temp = batch.temperature[rows].astype(np.float64)
         greedy = temp <= 0
         z = vals / np.where(greedy, 1.0, temp)[seg]
-        order = np.lexsort((-z, seg))
+        order = np.lexsort((tok, -z, seg))  # heaviest first in each row, ties by id
         seg, tok, z = seg[order], tok[order], z[order]
         counts = np.bincount(seg, minlength=m)
         present = counts > 0
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        first = starts[seg]
-        rank = np.arange(len(seg)) - first
         # greedy rows: the best allowed token
-        best = tok[starts[present]]
-        result[present] = best
-        rnd = present & ~greedy
-        if not rnd.any():
+        result[present] = tok[starts[present]]
+        rnd = np.flatnonzero(present & ~greedy)
+        if not len(rnd):
             return result
-        zmax = z[first]
-        e = np.exp(z - zmax)
-        e[~np.isfinite(z)] = 0.0
-        k = batch.top_k[rows][seg]
-        e[(k > 0) & (rank >= k)] = 0.0
-        p = batch.top_p[rows].astype(np.float64)[seg]
-        if (p < 1).any():
-            g = np.cumsum(e)
-            seg_cum = g - (g[first] - e[first])
-            total = np.add.reduceat(e, starts[present])
-            tot = np.zeros(m)
-            tot[present] = total
-            keep = (seg_cum - e) < p * tot[seg]
-            e[~keep] = 0.0
-        g = np.cumsum(e)
-        base = g[starts[rnd]] - e[starts[rnd]]
-        ends = starts[rnd] + counts[rnd]
-        total = g[ends - 1] - base
-        target = base + batch.uniforms[rows[rnd]] * total
-        pick = np.searchsorted(g, target, side="right")
-        pick = np.minimum(pick, ends - 1)
-        # never land on a zero-weight id (cut by top-k/top-p, or rounding)
-        bad = e[pick] <= 0
-        if bad.any():
-            pick[bad] = starts[rnd][bad]
-        result[rnd] = tok[pick]
+        w = z - z[starts[seg]]
+        np.exp(w, out=w)
+        w[~np.isfinite(z)] = 0.0
+        rr = rows[rnd]
+        pos, _ = draw_sorted(
+            w,
+            starts[rnd],
+            counts[rnd],
+            batch.top_k[rr],
+            batch.top_p[rr],
+            batch.uniforms[rr],
+        )
+        result[rnd] = np.where(pos >= 0, tok[np.maximum(pos, 0)], -1)
         return result
-
-
-def _block_size(vocab: int) -> int:
-    for bs in (128, 64, 32, 16, 8, 4, 2):
-        if vocab % bs == 0:
-            return bs
-    return 1
-
-
-def _inverse_cdf(z: torch.Tensor, inv_t: np.ndarray | None, u: np.ndarray) -> np.ndarray:
-    """One draw per row of ``softmax(z * inv_t)`` by inverse CDF, in two levels: pick a
-    block of ids by the blocks' masses, then an id inside it. Three passes over the
-    logits (max, exp, block sums) instead of softmax and a full cumulative sum.
-    ``z`` is overwritten; ``-inf`` entries are never drawn; a row with nothing
-    allowed gives -1."""
-    k, vocab = z.shape
-    dev = z.device
-    bs = _block_size(vocab)
-    mx = z.max(dim=1, keepdim=True).values
-    dead = torch.isinf(mx).squeeze(1)
-    mx[dead] = 0.0
-    z.sub_(mx)
-    if inv_t is not None and not np.all(inv_t == 1.0):
-        z.mul_(torch.from_numpy(inv_t.astype(np.float32)).to(dev).unsqueeze(1))
-    z.exp_()
-    blocks = z.view(k, -1, bs)
-    mass = blocks.sum(dim=2)
-    cum = torch.cumsum(mass, dim=1)
-    target = torch.from_numpy(u).to(dev, cum.dtype) * cum[:, -1]
-    b = torch.searchsorted(cum, target.unsqueeze(1), right=True).squeeze(1)
-    b.clamp_(max=cum.shape[1] - 1)
-    arange = torch.arange(k, device=dev)
-    # rounding at the top of the CDF can land on an empty block: take the last
-    # block with mass instead
-    empty = mass[arange, b] <= 0
-    if bool(empty.any()):
-        last = (mass > 0).float().cumsum(dim=1).argmax(dim=1)
-        b = torch.where(empty, last, b)
-    before = torch.where(b > 0, cum[arange, (b - 1).clamp(min=0)], torch.zeros_like(target))
-    inner = blocks[arange, b]
-    icum = torch.cumsum(inner, dim=1)
-    j = torch.searchsorted(icum, (target - before).clamp(min=0).unsqueeze(1), right=True).squeeze(1)
-    j.clamp_(max=bs - 1)
-    zero = inner[arange, j] <= 0
-    if bool(zero.any()):
-        j = torch.where(zero, (inner > 0).float().cumsum(dim=1).argmax(dim=1), j)
-    tok = b * bs + j
-    tok[dead] = -1
-    return tok.cpu().numpy()
-
-
-def _inverse_cdf_np_rows(
-    x: np.ndarray, rows: np.ndarray, inv_t: np.ndarray, u: np.ndarray
-) -> np.ndarray:
-    """`_inverse_cdf_np` over rows ``rows`` (ascending) of ``x``, in place: one call per
-    run of consecutive rows, on a view, so nothing is copied."""
-    out = np.empty(len(rows), dtype=np.int64)
-    cuts = np.flatnonzero(np.diff(rows) != 1) + 1
-    starts = np.concatenate(([0], cuts)).tolist()
-    ends = np.concatenate((cuts, [len(rows)])).tolist()
-    for a, b in zip(starts, ends, strict=True):
-        r = int(rows[a])
-        out[a:b] = _inverse_cdf_np(x[r : r + b - a], inv_t[a:b], u[a:b])
-    return out
-
-
-def _inverse_cdf_np(z: np.ndarray, inv_t: np.ndarray | None, u: np.ndarray) -> np.ndarray:
-    """`_inverse_cdf` in numpy, for a CPU (``z`` float32 ``[k, vocab]``, overwritten)."""
-    k, vocab = z.shape
-    bs = _block_size(vocab)
-    mx = z.max(axis=1, keepdims=True)
-    dead = ~np.isfinite(mx[:, 0])
-    mx[dead] = 0.0
-    z -= mx
-    if inv_t is not None and not np.all(inv_t == 1.0):
-        z *= inv_t.astype(np.float32)[:, None]
-    np.exp(z, out=z)
-    blocks = z.reshape(k, -1, bs)
-    mass = blocks.sum(axis=2).astype(np.float64)
-    cum = np.cumsum(mass, axis=1)
-    target = u * cum[:, -1]
-    b = np.minimum((cum <= target[:, None]).sum(axis=1), cum.shape[1] - 1)
-    arange = np.arange(k)
-    empty = mass[arange, b] <= 0  # rounding at the top of the CDF
-    if empty.any():
-        last = mass.shape[1] - 1 - np.argmax(mass[:, ::-1] > 0, axis=1)
-        b = np.where(empty, last, b)
-    before = np.where(b > 0, cum[arange, np.maximum(b - 1, 0)], 0.0)
-    inner = blocks[arange, b].astype(np.float64)
-    icum = np.cumsum(inner, axis=1)
-    j = np.minimum((icum <= (target - before)[:, None]).sum(axis=1), bs - 1)
-    zero = inner[arange, j] <= 0
-    if zero.any():
-        j = np.where(zero, bs - 1 - np.argmax(inner[:, ::-1] > 0, axis=1), j)
-    tok = b * bs + j
-    tok[dead] = -1
-    return tok.astype(np.int64)

@@ -119,8 +119,19 @@ def add_frontend_arguments(
         choices=["structural_tag", "json_schema"],
         help='how "required" and named tool choices are forced',
     )
-    a("--default-max-tokens", type=int, default=d.default_max_tokens)
-    a("--served-model-name", default=None)
+    a(
+        "--default-max-tokens",
+        type=int,
+        default=d.default_max_tokens,
+        help="max_tokens of a request that sets none",
+    )
+    a(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model name of the API (requests' model field, responses, /v1/models; "
+        "default: the engine's --model)",
+    )
 
 
 def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:

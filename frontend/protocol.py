@@ -213,12 +213,27 @@ class ChatCompletionRequest(_In):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
+    #: each answer token's log-probability (and ``top_logprobs`` alternatives); the
+    #: thinking's tokens are left out with the thinking (``include_reasoning: false``)
     logprobs: bool = False
     top_logprobs: int | None = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    #: 1.0 only (no penalty)
+    repetition_penalty: float = 1.0
+    #: 0 only
+    min_p: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    #: True only: the prompt ends where the assistant's message begins
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False
     user: str | None = None
     request_id: str | None = None
+    #: OpenAI's bookkeeping fields, accepted and not used
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
 
 # ----- responses -------------------------------------------------------------------
@@ -254,12 +269,32 @@ class Usage(_Out):
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
+class TopLogprob(_Out):
+    token: str
+    logprob: float
+    #: the token's UTF-8 bytes (a token may hold part of a character)
+    bytes: list[int]
+
+
+class TokenLogprob(_Out):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChoiceLogprobs(_Out):
+    content: list[TokenLogprob] | None = None
+
+
 class Choice(_Out):
     index: int
     message: ChatMessage
     #: stop | length | tool_calls | abort
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
+    #: the stop string or stop token id that ended the answer (vLLM's field)
+    stop_reason: str | int | None = None
 
 
 class ChatCompletion(_Out):
@@ -299,7 +334,8 @@ class ChunkChoice(_Out):
     index: int
     delta: DeltaMessage
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
+    stop_reason: str | int | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -324,6 +360,91 @@ class ErrorResponse(_Out):
     """What the API answers instead of a completion (``code`` is the HTTP status)."""
 
     error: ErrorInfo
+
+
+# ----- the completions API (a raw prompt) -----------------------------------------
+
+
+class CompletionRequest(_In):
+    """``POST /v1/completions``: one prompt (text, or token ids) continued as it is; no
+    chat template, no reasoning split, no tool calls."""
+
+    prompt: str | list[int]
+    model: str | None = None
+    #: OpenAI's default
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    best_of: int | None = None
+    #: the log-probabilities of each token and of this many alternatives
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParam | None = None
+    user: str | None = None
+    request_id: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class CompletionLogprobs(_Out):
+    tokens: list[str]
+    token_logprobs: list[float]
+    #: per token, its alternatives by text (None where none were asked)
+    top_logprobs: list[dict[str, float] | None]
+    #: where each token begins in the completion's text (in characters)
+    text_offset: list[int]
+
+
+class CompletionChoice(_Out):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: CompletionLogprobs | None = None
+    stop_reason: str | int | None = None
+
+
+class Completion(_Out, kw_only=True):
+    """A whole completion (``object: "text_completion"``), or one streamed piece of
+    it (usage on the last piece when ``stream_options.include_usage`` asks)."""
+
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+# ----- models --------------------------------------------------------------------
+
+
+class ModelCard(_Out, kw_only=True):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "thinkgate"
+
+
+class ModelList(_Out, kw_only=True):
+    object: str = "list"
+    data: list[ModelCard]
 
 
 def to_json(obj: msgspec.Struct) -> bytes:

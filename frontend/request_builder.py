@@ -23,19 +23,19 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ipc import EngineCoreRequest, SamplingParams, StructuredOutputSpec
-from reasoning import ReasoningError, ReasoningParser, create_reasoning_parser
+from reasoning import ParserCache, ReasoningError, ReasoningParser
 from structured_output import GrammarError, GrammarSpec, SpecKind
 from structured_output.json_schemas import normalize_spec
 
 from .chat_template import ChatTemplate, ChatTemplateError, template_messages, template_tools
 from .protocol import (
     ChatCompletionRequest,
+    CompletionRequest,
     ResponseFormatJsonObject,
     ResponseFormatJsonSchema,
     ResponseFormatStructuralTag,
@@ -103,28 +103,24 @@ class RequestBuilder:
         #: JSON-schema way
         self.forced_format = forced_format
         self.default_max_tokens = default_max_tokens
-        self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
+        self._parsers = (
+            ParserCache(reasoning_parser, tokenizer, field="chat_template_kwargs")
+            if reasoning_parser is not None
+            else None
+        )
 
     # ----- reasoning -------------------------------------------------------------
 
     def reasoning_parser_for(self, kwargs: Mapping[str, Any]) -> ReasoningParser | None:
-        """The front end's reasoning parser for these kwargs (cached, as the engine
-        caches its own)."""
-        if self.reasoning_parser_name is None:
+        """The front end's reasoning parser for these kwargs, from the same kind of
+        cache the engine builds its own from (`reasoning.ParserCache`); kwargs the
+        parser refuses are the request's error."""
+        if self._parsers is None:
             return None
-        key = json.dumps(kwargs, sort_keys=True, default=str)
-        parser = self._parsers.get(key)
-        if parser is None:
-            try:
-                parser = create_reasoning_parser(self.reasoning_parser_name, self.tokenizer, kwargs)
-            except ReasoningError as e:
-                raise RequestError(str(e), "chat_template_kwargs") from None
-            self._parsers[key] = parser
-            if len(self._parsers) > 256:
-                self._parsers.popitem(last=False)
-        else:
-            self._parsers.move_to_end(key)
-        return parser
+        try:
+            return self._parsers.get(kwargs)
+        except ReasoningError as e:
+            raise RequestError(str(e), "chat_template_kwargs") from None
 
     # ----- the whole request ---------------------------------------------------------
 
@@ -189,6 +185,7 @@ class RequestBuilder:
             min_tokens=req.min_tokens,
             stop_token_ids=list(req.stop_token_ids or []),
             ignore_eos=req.ignore_eos,
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         )
 
     # ----- constraints -----------------------------------------------------------------
@@ -206,7 +203,7 @@ class RequestBuilder:
         ignore = req.ignore_unsupported_keywords
         if plan.forced:
             return self._forced_call(plan, ignore)
-        spec = _response_spec(req)
+        spec = response_spec(req)
         if spec is None:
             return None, ()
         param = "response_format" if req.response_format is not None else "structured_outputs"
@@ -246,7 +243,8 @@ def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
     return kwargs
 
 
-def _response_spec(req: ChatCompletionRequest) -> GrammarSpec | None:
+def response_spec(req: ChatCompletionRequest | CompletionRequest) -> GrammarSpec | None:
+    """The constraint ``response_format`` or ``structured_outputs`` asks for, or None."""
     rf = req.response_format
     if isinstance(rf, ResponseFormatJsonObject):
         return GrammarSpec(SpecKind.JSON_OBJECT)

@@ -3,17 +3,22 @@
 `OutputProcessor` is the one machine both forms use. Per engine output it:
 
 1. strips the final stop token (the one that ended the request) from the text;
-2. with stop strings, holds back the tokens that may begin one, and at the stop cuts
-   the text right before it (inside a token if need be);
-3. splits the token ids into reasoning and content with the reasoning tracker (the
-   same machine the engine drives, so both see the thinking end at the same token),
-   and drops the family's separator (Qwen3's blank line after ``</think>``) from the
-   start of an answer that follows thinking; the thinking itself is left untouched;
+2. with stop strings, holds back the tokens that may begin one, and at the first stop
+   string cuts the text right before it (inside a token if need be) and ends the
+   output (`frontend.stop_strings`: the one owner of stop strings; the caller then
+   leaves the engine's stream, which aborts the request there);
+3. splits the token ids into reasoning and content with `reasoning.ReasoningStream`
+   over the request's tracker (the same machine the engine drives, so both see the
+   thinking end at the same token, and both read the family's layout after its end
+   marker, such as Qwen3's blank line after ``</think>``, alike: it is in neither
+   side), then drops the layout the family's template writes inside the thinking
+   markers (`THINKING_LAYOUT`); what the model wrote is kept;
 4. reads the content text for tool calls with the format's stream parser;
 5. drops calls after the first when ``parallel_tool_calls`` is false (all calls when
    the request reads none: a family that frames its answers, such as Harmony, is
    parsed for its content even then), gives each call an id if its format did not,
-   and leaves the reasoning out when ``include_reasoning`` is false.
+   and leaves the reasoning out when ``include_reasoning`` is false, with its tokens'
+   log-probabilities.
 
 It returns `OutputDelta` pieces; a whole response is their concatenation
 (`CompletionAccumulator`), a stream sends each one as a chunk (`ChunkMaker`), so the two
@@ -28,32 +33,30 @@ otherwise, "abort" for an aborted request; an engine error becomes an error resp
 
 from __future__ import annotations
 
-import codecs
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from engine_core.client import RequestOutput
-from ipc import FinishReason
-from reasoning import Phase, ReasoningTracker
+from ipc import ENGINE_FULL, FinishReason
+from reasoning import AnswerStart, Phase, ReasoningStream, ReasoningTracker
 
+from .logprobs import AnswerLogprobs, Entry, LogprobQueue, chat_logprobs
 from .protocol import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatMessage,
-    Choice,
-    ChunkChoice,
+    ChoiceLogprobs,
     CompletionTokensDetails,
-    DeltaFunctionCall,
-    DeltaMessage,
-    DeltaToolCall,
     ErrorInfo,
     ErrorResponse,
-    FunctionCall,
-    ToolCall,
     Usage,
 )
+from .stop_strings import StopStringGate
 from .tool_formats import ToolCallDelta, ToolCallParser, default_call_id
+
+#: What a family's chat template writes inside the thinking markers around the
+#: thinking itself: a newline after the opening marker and one before the closing one
+#: (``<think>\n...\n</think>``, the Qwen3 and DeepSeek-R1 templates). The reasoning
+#: returned leaves out one of each where the model wrote them, and keeps everything
+#: else it wrote. The one place this rule lives; a family's own rule can replace it.
+THINKING_LAYOUT: tuple[str, str] = ("\n", "\n")
 
 
 @dataclass(slots=True)
@@ -63,157 +66,62 @@ class OutputDelta:
     reasoning: str = ""
     content: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    #: the log-probabilities of the tokens this delta shows (None: not asked for)
+    logprobs: list[Entry] | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.reasoning or self.content or self.tool_calls)
+        return bool(self.reasoning or self.content or self.tool_calls or self.logprobs)
 
 
-class StopStringGate:
-    """Holds back the last tokens while they may begin a stop string.
+class ThinkingLayout:
+    """Drops `THINKING_LAYOUT` from the thinking text as it streams: the opening
+    newline at its start, and the closing one when the thinking ends with its marker
+    (a trailing newline is held back until it is known which). Whole and streamed
+    agree: what is held is released or dropped the same way whatever the chunking."""
 
-    Released tokens never hold any byte of a stop string: a token is released once the
-    tokens after it hold at least ``len(longest stop) - 1`` bytes. Bytes, not
-    characters: a UTF-8 string occurs in UTF-8 bytes exactly where it occurs in text.
-    """
+    __slots__ = ("_lead", "_lead_held", "_lead_done", "_trail", "_held")
 
-    __slots__ = ("_tb", "_keep", "_ids", "_sizes", "_held")
+    def __init__(self, layout: tuple[str, str]) -> None:
+        self._lead, self._trail = layout
+        self._lead_held = ""
+        self._lead_done = not self._lead
+        self._held = ""
 
-    def __init__(self, stops: Sequence[str], token_bytes: Callable[[int], bytes]) -> None:
-        self._tb = token_bytes
-        self._keep = max(len(s.encode("utf-8")) for s in stops) - 1
-        self._ids: deque[int] = deque()
-        self._sizes: deque[int] = deque()
-        self._held = 0
-
-    def push(self, ids: Sequence[int]) -> list[int]:
-        """Add new ids; return those now known to precede any stop string."""
-        for t in ids:
-            n = len(self._tb(t))
-            self._ids.append(t)
-            self._sizes.append(n)
-            self._held += n
-        out: list[int] = []
-        while self._ids and self._held - self._sizes[0] >= self._keep:
-            self._held -= self._sizes.popleft()
-            out.append(self._ids.popleft())
-        return out
-
-    def flush(self) -> list[int]:
-        """The output ended without a stop string: release everything."""
-        out = list(self._ids)
-        self._ids.clear()
-        self._sizes.clear()
-        self._held = 0
-        return out
-
-    def cut(self, ids: Sequence[int], stop: str) -> tuple[list[int], bytes]:
-        """``stop`` completed within ``ids`` (the last new ids): return the held and new
-        ids wholly before it, and the bytes of the token it begins inside, up to it."""
-        self._ids.extend(ids)
-        held = list(self._ids)
-        self.flush()
-        chunks = [self._tb(t) for t in held]
-        pos = b"".join(chunks).find(stop.encode("utf-8"))
-        if pos < 0:  # the stop string spans bytes released earlier: cut nothing more
-            return held, b""
-        out: list[int] = []
-        start = 0
-        for t, b in zip(held, chunks, strict=True):
-            if start + len(b) <= pos:
-                out.append(t)
-                start += len(b)
-                continue
-            return out, b[: pos - start]
-        return out, b""
-
-
-class ReasoningSplitter:
-    """Token ids to reasoning and content text, through a reasoning tracker (None: all
-    content). The pieces concatenate to the whole output's split, but for the family's
-    separator (``content_separator``: Qwen3's blank line after ``</think>``): when this
-    output thought, the separator is dropped from the start of its answer, being layout
-    rather than content."""
-
-    __slots__ = ("tracker", "_tb", "_r", "_c", "_sep", "_held", "_thought", "_started")
-
-    def __init__(
-        self,
-        tracker: ReasoningTracker | None,
-        token_bytes: Callable[[int], bytes],
-        separator: bytes = b"",
-    ) -> None:
-        self.tracker = tracker
-        self._tb = token_bytes
-        self._r = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._c = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        #: what is still to match of the separator, at the start of the answer
-        self._sep = separator
-        self._held = b""
-        self._thought = tracker is not None and tracker.phase == Phase.THINKING
-        #: the answer has begun (its separator, if any, is behind)
-        self._started = False
-
-    def push(self, ids: Sequence[int]) -> tuple[str, str]:
-        if not ids:
-            return "", ""
-        if self.tracker is None:
-            return "", self._c.decode(b"".join(self._tb(t) for t in ids))
-        text, _ = self.tracker.split_bytes(ids)
-        if (
-            text.reasoning
-            or self.tracker.num_reasoning_tokens
-            or self.tracker.phase == Phase.THINKING
-        ):
-            self._thought = True
-        return self._decode(text.reasoning, text.content, final=False)
-
-    def push_partial(self, data: bytes) -> tuple[str, str]:
-        """Bytes of a token cut short (by a stop string): they go to the side the
-        output is on."""
-        if self.tracker is not None and self.tracker.phase == Phase.THINKING:
-            return self._decode(data, b"", final=False)
-        return self._decode(b"", data, final=False)
-
-    def finish(self) -> tuple[str, str]:
-        if self.tracker is None:
-            return "", self._c.decode(b"", final=True)
-        text = self.tracker.flush()
-        return self._decode(text.reasoning, text.content, final=True)
-
-    def _decode(self, r: bytes, c: bytes, *, final: bool) -> tuple[str, str]:
-        if not self._started and (c or final):
-            c = self._answer_start(c, final)
-        return (
-            self._r.decode(r, final) if (r or final) else "",
-            self._c.decode(c, final) if (c or final) else "",
-        )
-
-    def _answer_start(self, c: bytes, final: bool) -> bytes:
-        """The first content bytes: drop the separator when it is there whole; hold
-        bytes that may still become it; give back a partial match."""
-        sep = self._sep if self._thought else b""
-        n = 0
-        while n < len(c) and n < len(sep) and c[n] == sep[n]:
-            n += 1
-        if sep and n == len(sep):
-            self._started, self._held = True, b""
-            return c[n:]
-        if sep and n == len(c) and not final:
-            self._held += c
-            self._sep = sep[n:]
-            return b""
-        out = self._held + c
-        self._started, self._held = bool(out), b""
-        return out
-
-    @property
-    def num_reasoning_tokens(self) -> int:
-        return self.tracker.num_reasoning_tokens if self.tracker is not None else 0
+    def push(self, r: str, *, ended: bool, final: bool) -> str:
+        """More thinking text; ``ended``: the thinking closed after it; ``final``: the
+        output ends (an unclosed thinking keeps its trailing text)."""
+        if not self._lead_done and (r or ended or final):
+            lead = self._lead
+            n = 0
+            while n < len(r) and n < len(lead) and r[n] == lead[n]:
+                n += 1
+            if n == len(lead):
+                r, self._lead_done = r[n:], True
+            elif n == len(r) and not (ended or final):
+                self._lead_held += r
+                self._lead = lead[n:]
+                return ""
+            else:
+                r, self._lead_done = self._lead_held + r, True
+            self._lead_held = ""
+        r, self._held = self._held + r, ""
+        trail = self._trail
+        if ended:
+            return r[: -len(trail)] if trail and r.endswith(trail) else r
+        if final or not trail:
+            return r
+        for k in range(min(len(trail), len(r)), 0, -1):
+            if r.endswith(trail[:k]):
+                self._held = r[-k:]
+                return r[:-k]
+        return r
 
 
 class OutputProcessor:
     """One request's outputs, in order, to `OutputDelta` pieces (see the module
-    docstring). Read `finish_reason`, `error` and `usage` after the last output."""
+    docstring). Read `finished`, `finish_reason`, `error` and `usage` after each
+    output: once `finished`, the caller stops reading the engine (a stop string ends
+    the output before the engine knows)."""
 
     def __init__(
         self,
@@ -221,23 +129,33 @@ class OutputProcessor:
         token_bytes: Callable[[int], bytes],
         prompt_tokens: int,
         tracker: ReasoningTracker | None,
-        separator: bytes = b"",
         tool_parser: ToolCallParser | None,
         keep_calls: bool = True,
         parallel_tool_calls: bool = True,
         include_reasoning: bool = True,
         stop: Sequence[str] = (),
+        stop_token_ids: Collection[int] = (),
+        logprobs: bool = False,
     ) -> None:
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.include_reasoning = include_reasoning
         self.keep_calls = keep_calls
         self.parallel_tool_calls = parallel_tool_calls
-        self._split = ReasoningSplitter(tracker, token_bytes, separator)
+        self._tb = token_bytes
+        self._split = ReasoningStream(tracker, token_bytes=token_bytes)
+        self._layout = ThinkingLayout(THINKING_LAYOUT) if tracker is not None else None
         self._tools = tool_parser
         self._gate = StopStringGate(stop, token_bytes) if stop else None
+        self._stop_ids = frozenset(stop_token_ids)
+        self._lp = LogprobQueue() if logprobs else None
+        self._answer_lp = (
+            AnswerLogprobs() if logprobs and not include_reasoning and tracker else None
+        )
         self._call_ids: dict[int, str] = {}
         self.engine_finish: FinishReason | None = None
+        #: the stop string, or the request's own stop token, that ended the output
+        self.stop_reason: str | int | None = None
         self.error: str | None = None
 
     @property
@@ -249,41 +167,64 @@ class OutputProcessor:
         return bool(self._call_ids)
 
     def push(self, out: RequestOutput) -> OutputDelta:
+        if self.finished:  # a stop string ended the output; the engine sent more
+            return OutputDelta()
         ids = list(out.new_token_ids)
         self.completion_tokens += len(ids)
+        lpq = self._lp
+        if lpq is not None and ids:
+            lpq.push(ids, out.logprobs)
         if out.finished:
             self.engine_finish = out.finish_reason
             if out.finish_reason == FinishReason.ERROR:
                 self.error = out.error or "the engine failed the request"
             if (
                 out.finish_reason == FinishReason.STOP
-                and isinstance(out.stop_reason, int)
+                and out.stop_reason is not None
                 and ids
                 and ids[-1] == out.stop_reason
             ):
                 ids.pop()
+                if lpq is not None:
+                    lpq.drop_last()
+                if out.stop_reason in self._stop_ids:
+                    self.stop_reason = out.stop_reason
         partial = b""
         if self._gate is None:
             released = ids
-        elif out.finished and isinstance(out.stop_reason, str):
-            released, partial = self._gate.cut(ids, out.stop_reason)
         else:
-            released = self._gate.push(ids)
-            if out.finished:
+            released, partial = self._gate.push(ids)
+            if self._gate.hit is not None:
+                self.engine_finish, self.stop_reason, self.error = (
+                    FinishReason.STOP,
+                    self._gate.hit,
+                    None,
+                )
+            elif out.finished:
                 released += self._gate.flush()
-        r, c = self._split.push(released)
-        if partial:
-            r2, c2 = self._split.push_partial(partial)
-            r, c = r + r2, c + c2
-        if out.finished:
-            r2, c2 = self._split.finish()
-            r, c = r + r2, c + c2
-        delta = OutputDelta(reasoning=r if self.include_reasoning else "")
+        done = self.finished
+        delta = OutputDelta(logprobs=[] if lpq is not None else None)
+        before = self._phase
+        r, c = self._split.push(released) if released else ("", "")
+        r = self._trim(r, final=False)
+        if lpq is not None:
+            self._place_logprobs(delta, lpq.take(len(released)), before, self._split.answer_start)
+        if done:
+            if partial and lpq is not None:  # the token the stop string begins inside
+                self._place_logprobs(delta, lpq.take(1), self._phase, None)
+            r2, c2 = self._split.finish(partial)
+            r, c = r + self._trim(r2, final=True), c + c2
+            if self._answer_lp is not None:
+                assert delta.logprobs is not None
+                delta.logprobs += self._answer_lp.finish(self._phase)
+            if lpq is not None:
+                lpq.clear()
+        delta.reasoning = r if self.include_reasoning else ""
         if self._tools is None:
             delta.content = c
             return delta
         parsed = [self._tools.push(c)] if c else []
-        if out.finished:
+        if done:
             parsed.append(self._tools.finish())
         for d in parsed:
             delta.content += d.content
@@ -294,6 +235,35 @@ class OutputProcessor:
                     self._call_ids[call.index] = call.id = call.id or default_call_id()
                 delta.tool_calls.append(call)
         return delta
+
+    @property
+    def _phase(self) -> Phase:
+        t = self._split.tracker
+        return t.phase if t is not None else Phase.ANSWER
+
+    def _trim(self, r: str, *, final: bool) -> str:
+        """The thinking text without the template's layout (`THINKING_LAYOUT`)."""
+        if self._layout is None:
+            return r
+        return self._layout.push(r, ended=self._phase == Phase.ANSWER, final=final)
+
+    def _place_logprobs(
+        self, delta: OutputDelta, entries: list[Entry], before: Phase, start: AnswerStart | None
+    ) -> None:
+        """Add the entries of tokens just split to ``delta``: all of them, or with the
+        thinking left out, those of the answer only (``before``: the tracker's phase
+        before them; ``start``: where the answer began among them, if it did)."""
+        assert delta.logprobs is not None
+        if self._answer_lp is None:
+            delta.logprobs += entries
+        else:
+            delta.logprobs += self._answer_lp.push(entries, before, start, self._phase)
+
+    def chat_logprobs(self, entries: list[Entry] | None) -> ChoiceLogprobs | None:
+        """The chat API's ``logprobs`` of a delta's entries (None: not asked for)."""
+        if entries is None:
+            return None
+        return ChoiceLogprobs(content=chat_logprobs(entries, self._tb))
 
     @property
     def finish_reason(self) -> str | None:
@@ -319,149 +289,36 @@ class OutputProcessor:
         )
 
     def error_response(self, *, produced_tokens: bool) -> ErrorResponse:
-        """The engine's error as an API error: 400 when the request was refused before
-        any token (a bad grammar, a prompt too long), 500 when it failed midway."""
-        code = 500 if produced_tokens else 400
+        """The engine's error as an API error (see `engine_error`)."""
+        return engine_error(self.error or "the engine failed the request", produced_tokens)
+
+
+def engine_dead(e: Exception) -> ErrorResponse:
+    """The API's answer while the engine is gone (503)."""
+    return ErrorResponse(
+        error=ErrorInfo(
+            message=f"the engine is gone: {e}", type="ServiceUnavailableError", code=503
+        )
+    )
+
+
+#: seconds a client is asked to wait before sending a request the engine was too full for
+RETRY_AFTER_S = 1
+
+
+def engine_error(message: str, produced_tokens: bool) -> ErrorResponse:
+    """An engine's error as an API error: 503 (retry later) when the engine was full,
+    400 when it refused the request before any token (a bad grammar, a prompt too
+    long), 500 when the request failed midway."""
+    if message.startswith(ENGINE_FULL):
         return ErrorResponse(
-            error=ErrorInfo(
-                message=self.error or "the engine failed the request",
-                type="InternalServerError" if produced_tokens else "BadRequestError",
-                code=code,
-            )
+            error=ErrorInfo(message=message, type="ServiceUnavailableError", code=503)
         )
-
-
-class CompletionAccumulator:
-    """Folds `OutputDelta` pieces into the whole message."""
-
-    def __init__(self) -> None:
-        self._reasoning: list[str] = []
-        self._content: list[str] = []
-        self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments...]
-
-    def add(self, delta: OutputDelta) -> None:
-        if delta.reasoning:
-            self._reasoning.append(delta.reasoning)
-        if delta.content:
-            self._content.append(delta.content)
-        for c in delta.tool_calls:
-            parts = self._calls.get(c.index)
-            if parts is None:
-                parts = self._calls[c.index] = [c.id or "", c.name or ""]
-            parts.append(c.arguments)
-
-    def message(self) -> ChatMessage:
-        calls = [
-            ToolCall(id=p[0], function=FunctionCall(name=p[1], arguments="".join(p[2:])))
-            for _, p in sorted(self._calls.items())
-        ]
-        return ChatMessage(
-            content="".join(self._content) or None,
-            reasoning="".join(self._reasoning) or None,
-            tool_calls=calls,
+    code = 500 if produced_tokens else 400
+    return ErrorResponse(
+        error=ErrorInfo(
+            message=message,
+            type="InternalServerError" if produced_tokens else "BadRequestError",
+            code=code,
         )
-
-
-def completion(
-    request_id: str,
-    created: int,
-    model: str,
-    message: ChatMessage,
-    finish_reason: str | None,
-    usage: Usage,
-) -> ChatCompletion:
-    return ChatCompletion(
-        id=request_id,
-        object="chat.completion",
-        created=created,
-        model=model,
-        choices=[Choice(index=0, message=message, finish_reason=finish_reason)],
-        usage=usage,
     )
-
-
-class ChunkMaker:
-    """Stream chunks of one response."""
-
-    def __init__(self, request_id: str, created: int, model: str) -> None:
-        self.request_id = request_id
-        self.created = created
-        self.model = model
-        self._started: set[int] = set()
-
-    def _chunk(self, choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self.request_id,
-            object="chat.completion.chunk",
-            created=self.created,
-            model=self.model,
-            choices=choices,
-            usage=usage,
-        )
-
-    def role(self, usage: Usage | None = None) -> ChatCompletionChunk:
-        """The first chunk: the role alone."""
-        return self._chunk([ChunkChoice(index=0, delta=DeltaMessage(role="assistant"))], usage)
-
-    def delta(
-        self, d: OutputDelta, finish_reason: str | None = None, usage: Usage | None = None
-    ) -> ChatCompletionChunk:
-        """A chunk of ``d``'s reasoning, content and call pieces. A call's first piece
-        carries its index, id, type and name (and its first arguments text); later
-        pieces its index and more arguments text."""
-        calls: list[DeltaToolCall] = []
-        for c in d.tool_calls:
-            if c.index in self._started:
-                calls.append(
-                    DeltaToolCall(index=c.index, function=DeltaFunctionCall(arguments=c.arguments))
-                )
-            else:
-                self._started.add(c.index)
-                calls.append(
-                    DeltaToolCall(
-                        index=c.index,
-                        id=c.id,
-                        type="function",
-                        function=DeltaFunctionCall(name=c.name, arguments=c.arguments),
-                    )
-                )
-        delta = DeltaMessage(
-            content=d.content or None, reasoning=d.reasoning or None, tool_calls=calls
-        )
-        return self._chunk([ChunkChoice(index=0, delta=delta, finish_reason=finish_reason)], usage)
-
-    def usage(self, usage: Usage) -> ChatCompletionChunk:
-        """The usage chunk (``stream_options.include_usage``): no choices."""
-        return self._chunk([], usage)
-
-
-def fold_chunks(
-    chunks: Sequence[ChatCompletionChunk],
-) -> tuple[ChatMessage, str | None, Usage | None]:
-    """What a client rebuilds from a stream: the message, the finish reason and the
-    usage (when a usage chunk came)."""
-    reasoning: list[str] = []
-    content: list[str] = []
-    calls: dict[int, list[str]] = {}  # index -> [id, name, arguments...]
-    finish: str | None = None
-    usage: Usage | None = None
-    for chunk in chunks:
-        usage = chunk.usage or usage
-        for choice in chunk.choices:
-            d = choice.delta
-            finish = choice.finish_reason or finish
-            reasoning.append(d.reasoning or "")
-            content.append(d.content or "")
-            for c in d.tool_calls:
-                fn = c.function or DeltaFunctionCall()
-                parts = calls.setdefault(c.index, [c.id or "", fn.name or ""])
-                parts.append(fn.arguments or "")
-    message = ChatMessage(
-        content="".join(content) or None,
-        reasoning="".join(reasoning) or None,
-        tool_calls=[
-            ToolCall(id=p[0], function=FunctionCall(name=p[1], arguments="".join(p[2:])))
-            for _, p in sorted(calls.items())
-        ],
-    )
-    return message, finish, usage

@@ -21,12 +21,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from ipc import MAX_TOP_LOGPROBS
+
 from .protocol import (
     ChatCompletionRequest,
+    CompletionRequest,
     ErrorInfo,
     ErrorResponse,
     NamedToolChoice,
@@ -35,6 +38,7 @@ from .protocol import (
 from .tool_formats import FunctionTool
 
 ToolMode = Literal["none", "auto", "required", "named"]
+T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 
 #: OpenAI's rule for function names
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -100,7 +104,10 @@ class ToolPlan:
         return self.mode != "none" and bool(self.tools)
 
 
-_DECODER = msgspec.json.Decoder(ChatCompletionRequest)
+_DECODERS = {
+    ChatCompletionRequest: msgspec.json.Decoder(ChatCompletionRequest),
+    CompletionRequest: msgspec.json.Decoder(CompletionRequest),
+}
 _AT_RE = re.compile(r" - at `\$\.?(.*?)`$")
 _FIELD_RE = re.compile(r"field `([^`]*)`")
 
@@ -110,12 +117,17 @@ def decode_request(
 ) -> ChatCompletionRequest:
     """A request from its JSON body (or an already parsed mapping). Unknown fields and
     wrong types raise `RequestError` naming the field."""
-    if isinstance(body, ChatCompletionRequest):
+    return decode_body(body, ChatCompletionRequest)
+
+
+def decode_body(body: bytes | str | Mapping[str, Any] | T, kind: type[T]) -> T:
+    """`decode_request` for either API's request type."""
+    if isinstance(body, kind):
         return body
     try:
         if isinstance(body, bytes | str):
-            return _DECODER.decode(body)
-        return msgspec.convert(body, ChatCompletionRequest, strict=True)
+            return _DECODERS[kind].decode(body)
+        return msgspec.convert(body, kind, strict=True)
     except msgspec.ValidationError as e:
         raise _from_validation_error(str(e)) from None
     except msgspec.DecodeError as e:
@@ -151,8 +163,6 @@ def check_request(req: ChatCompletionRequest, support: ToolSupport) -> ToolPlan:
                 "fields fill them",
                 "chat_template_kwargs",
             )
-    if req.stream_options is not None and not req.stream:
-        raise RequestError("stream_options is only allowed when stream is true", "stream_options")
     return plan
 
 
@@ -162,40 +172,68 @@ def _check_messages(req: ChatCompletionRequest) -> None:
 
 
 def _check_sampling(req: ChatCompletionRequest) -> None:
-    if req.n != 1:
-        raise RequestError("only n=1 is supported", "n")
-    if req.logprobs or req.top_logprobs:
-        raise RequestError("logprobs are not supported", "logprobs")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(req, name) != 0:
-            raise RequestError(f"{name} is not supported (only 0)", name)
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = getattr(req, name)
-        if value is not None and value < 1:
-            raise RequestError(f"{name} must be at least 1, got {value}", name)
-    if req.min_tokens < 0:
-        raise RequestError(f"min_tokens must be >= 0, got {req.min_tokens}", "min_tokens")
+    check_sampling(req)
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(
+                f"top_logprobs must lie in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}",
+                "top_logprobs",
+            )
+    if not req.add_generation_prompt:
+        raise RequestError("add_generation_prompt: false is not supported", "add_generation_prompt")
+    if req.continue_final_message:
+        raise RequestError("continue_final_message is not supported", "continue_final_message")
+    if req.echo:
+        raise RequestError("echo is not supported", "echo")
+    if req.max_completion_tokens is not None and req.max_completion_tokens < 1:
+        raise RequestError(
+            f"max_completion_tokens must be at least 1, got {req.max_completion_tokens}",
+            "max_completion_tokens",
+        )
     limit = req.max_completion_tokens or req.max_tokens
     if limit is not None and req.min_tokens > limit:
         raise RequestError(
             f"min_tokens ({req.min_tokens}) must not exceed the maximum ({limit})", "min_tokens"
         )
+    if req.thinking_token_budget is not None and req.thinking_token_budget < 0:
+        raise RequestError(
+            f"thinking_token_budget must be >= 0, got {req.thinking_token_budget}",
+            "thinking_token_budget",
+        )
+
+
+def check_sampling(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """The sampling fields both APIs share."""
+    if req.n != 1:
+        raise RequestError("only n=1 is supported", "n")
+    for name in ("frequency_penalty", "presence_penalty", "min_p"):
+        if getattr(req, name) != 0:
+            raise RequestError(f"{name} is not supported (only 0)", name)
+    if req.repetition_penalty != 1:
+        raise RequestError("repetition_penalty is not supported (only 1)", "repetition_penalty")
+    if req.logit_bias:
+        raise RequestError("logit_bias is not supported", "logit_bias")
+    if req.max_tokens is not None and req.max_tokens < 1:
+        raise RequestError(f"max_tokens must be at least 1, got {req.max_tokens}", "max_tokens")
+    if req.min_tokens < 0:
+        raise RequestError(f"min_tokens must be >= 0, got {req.min_tokens}", "min_tokens")
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise RequestError(f"temperature must lie in [0, 2], got {req.temperature}", "temperature")
     if req.top_p is not None and not 0 < req.top_p <= 1:
         raise RequestError(f"top_p must lie in (0, 1], got {req.top_p}", "top_p")
     if req.top_k is not None and req.top_k < -1:
         raise RequestError(f"top_k must be -1 (off), 0 (off) or positive, got {req.top_k}", "top_k")
-    if req.thinking_token_budget is not None and req.thinking_token_budget < 0:
-        raise RequestError(
-            f"thinking_token_budget must be >= 0, got {req.thinking_token_budget}",
-            "thinking_token_budget",
-        )
+    if req.seed is not None and not 0 <= req.seed < 1 << 64:
+        raise RequestError(f"seed must lie in [0, 2**64), got {req.seed}", "seed")
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if any(not s for s in stops):
         raise RequestError("stop strings must not be empty", "stop")
     if req.stop_token_ids and any(t < 0 for t in req.stop_token_ids):
         raise RequestError("stop_token_ids must be non-negative token ids", "stop_token_ids")
+    if req.stream_options is not None and not req.stream:
+        raise RequestError("stream_options is only allowed when stream is true", "stream_options")
 
 
 def _tool_plan(req: ChatCompletionRequest, support: ToolSupport) -> ToolPlan:
@@ -250,12 +288,9 @@ def _tool_plan(req: ChatCompletionRequest, support: ToolSupport) -> ToolPlan:
 
 
 def _check_constraints(req: ChatCompletionRequest, plan: ToolPlan) -> None:
+    check_output_constraint(req)
     rf = req.response_format
     has_rf = rf is not None and not isinstance(rf, ResponseFormatText)
-    if has_rf and req.structured_outputs is not None:
-        raise RequestError(
-            "send either response_format or structured_outputs, not both", "structured_outputs"
-        )
     if plan.forced and (has_rf or req.structured_outputs is not None):
         param = "response_format" if has_rf else "structured_outputs"
         what = '"required"' if plan.mode == "required" else "a named function"
@@ -263,6 +298,16 @@ def _check_constraints(req: ChatCompletionRequest, plan: ToolPlan) -> None:
             f"{param} cannot be combined with a forced tool call (tool_choice {what}): "
             "the answer cannot be both",
             param,
+        )
+
+
+def check_output_constraint(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """``response_format`` and ``structured_outputs``, as both APIs take them."""
+    rf = req.response_format
+    has_rf = rf is not None and not isinstance(rf, ResponseFormatText)
+    if has_rf and req.structured_outputs is not None:
+        raise RequestError(
+            "send either response_format or structured_outputs, not both", "structured_outputs"
         )
     so = req.structured_outputs
     if so is not None:

@@ -6,17 +6,24 @@ of the structs below, encoded with msgspec. Nothing on the wire is pickled.
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 
 import msgspec
 
-#: bumped whenever a struct below changes incompatibly
-PROTOCOL_VERSION = 1
+#: bumped whenever a struct below changes incompatibly (2: finish reasons are strings)
+PROTOCOL_VERSION = 2
 
 #: `ErrorNotice.message` for a frame from a client the engine does not know: one that
-#: never said HELLO, or one it dropped (silent past its timeout, or not reading)
+#: never said HELLO, or one it dropped (silent past its timeout, not reading, or over
+#: the message limit)
 NOT_GREETED = "send HELLO first"
+#: start of `ErrorNotice.message` when the engine refuses a SHUTDOWN
+SHUTDOWN_REFUSED = "SHUTDOWN refused"
+
+#: how `EngineCoreOutput.error` begins when the engine refused a request because it
+#: holds as many as it may: the request was never run, and may be sent again later
+ENGINE_FULL = "the engine is full"
 
 
 class MsgType(IntEnum):
@@ -35,14 +42,14 @@ class MsgType(IntEnum):
     ERROR = 20
 
 
-class FinishReason(IntEnum):
-    STOP = 0
-    LENGTH = 1
-    ABORT = 2
-    ERROR = 3
+class FinishReason(StrEnum):
+    """Why a request ended. Strings, so that every reason is truthy: ``if
+    out.finish_reason:`` means "it ended"."""
 
-    def __str__(self) -> str:
-        return self.name.lower()
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
 
 
 class _Wire(
@@ -64,6 +71,9 @@ class SamplingParams(_Wire):
     #: stop tokens in addition to the model's own
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    #: None: no log-probabilities; N: each new token's, and the N likeliest (at most
+    #: `MAX_TOP_LOGPROBS`)
+    logprobs: int | None = None
 
 
 class StructuredOutputSpec(_Wire):
@@ -96,6 +106,22 @@ class AbortRequests(_Wire):
     request_ids: list[str]
 
 
+#: the most alternatives per token `SamplingParams.logprobs` may ask for
+MAX_TOP_LOGPROBS = 20
+
+
+class TokenLogprobs(_Wire):
+    """Log-probabilities of an output's new tokens, in order, under the model's own
+    distribution (its logits before the grammar's mask, temperature, top-k and top-p)."""
+
+    #: of each new token
+    sampled: list[float]
+    #: per new token, the ids of the likeliest tokens, best first (empty lists when
+    #: ``logprobs`` is 0)
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+
+
 class EngineCoreOutput(_Wire):
     request_id: str
     new_token_ids: list[int] = []
@@ -104,6 +130,8 @@ class EngineCoreOutput(_Wire):
     stop_reason: int | None = None
     error: str | None = None
     num_reasoning_tokens: int = 0
+    #: of ``new_token_ids``, when the request asked for them
+    logprobs: TokenLogprobs | None = None
 
     @property
     def finished(self) -> bool:
@@ -151,8 +179,19 @@ class HealthReply(_Wire):
     #: grammar compiles queued or running
     num_compiling: int = 0
     num_cached_grammars: int = 0
-    #: clients heard from within the client timeout
+    #: clients greeted and not dropped since (gone, silent past the client timeout, or
+    #: not reading)
     num_clients: int = 0
+    # Running totals since the engine started, for metrics.
+    #: grammars compiled, the seconds their compiles took, and submissions answered
+    #: from the compiled-grammar cache
+    num_compiled_grammars: int = 0
+    compile_seconds: float = 0.0
+    num_grammar_cache_hits: int = 0
+    #: steps that filled bitmask rows, the rows filled, and the seconds the fills took
+    num_fill_steps: int = 0
+    num_fill_rows: int = 0
+    fill_seconds: float = 0.0
 
 
 class Heartbeat(_Wire):
@@ -165,6 +204,9 @@ class Goodbye(_Wire):
 
 class Shutdown(_Wire):
     reason: str = ""
+    #: the engine's shutdown token (``--shutdown-token-file``); a spawning client gives
+    #: its engine one. Without the right token the engine refuses to stop.
+    token: str = ""
 
 
 class ErrorNotice(_Wire):

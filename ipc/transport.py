@@ -1,5 +1,12 @@
 """ZeroMQ sockets, each owned by one IO thread; the rest of a process talks to the
-thread through a queue and a wake-up pipe, and never touches a socket."""
+thread through a queue and a wake-up pipe, and never touches a socket.
+
+Limits: ZeroMQ's ``MAXMSGSIZE`` bounds each frame; `SocketPump` bounds each whole
+message (its parts and their bytes), receiving it frame by frame without copying and
+dropping it past the limit. ZeroMQ holds a multipart message in memory until its last
+frame has arrived, so only a peer allowed to connect can make the process hold one
+oversized message at a time: sockets are private to the user (ipc:// in a 0700
+directory, TCP on loopback), or authenticated with CURVE (`ipc.keys`)."""
 
 from __future__ import annotations
 
@@ -19,8 +26,11 @@ import zmq
 
 log = logging.getLogger(__name__)
 
-#: frames larger than this are refused by the socket (the peer is disconnected)
-DEFAULT_MAX_FRAME_BYTES = 64 << 20
+#: the largest message a peer may send (type and payload frames together); a frame
+#: larger than this is refused by ZeroMQ itself (the peer is disconnected)
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+#: allowance for the routing-id frame a ROUTER socket puts before each message
+ENVELOPE_BYTES = 256
 
 
 class AddressError(ValueError):
@@ -35,10 +45,14 @@ def private_ipc_address(name: str = "engine") -> tuple[str, Path]:
     return f"ipc://{directory / (name + '.sock')}", directory
 
 
-def check_bind_address(address: str, *, allow_remote: bool = False) -> None:
+def check_bind_address(
+    address: str, *, allow_remote: bool = False, authenticated: bool = False
+) -> None:
     """Refuse addresses that would expose the engine beyond this user on this machine,
     unless ``allow_remote``: TCP must bind a loopback address; an ``ipc://`` socket must
-    sit in a directory that no other user can write to."""
+    sit in a directory that no other user can write to (and have a path: an abstract
+    socket is refused). A TCP address beyond loopback also needs ``authenticated``
+    (CURVE keys): otherwise anyone on the network could submit work and read outputs."""
     if address.startswith("tcp://"):
         host = address[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
         if host in ("localhost",):
@@ -52,7 +66,17 @@ def check_bind_address(address: str, *, allow_remote: bool = False) -> None:
                 f"refusing to bind {address}: TCP binds to a loopback address unless "
                 "--allow-remote is given"
             )
+        if not loopback and not authenticated:
+            raise AddressError(
+                f"refusing to bind {address} without authentication: --allow-remote needs "
+                "--curve-keys DIR (keys are made there if missing; see the README)"
+            )
     elif address.startswith("ipc://"):
+        if address.startswith("ipc://@"):
+            raise AddressError(
+                f"refusing to bind {address}: an abstract socket has no file permissions, so "
+                "any local user could connect; use ipc://PATH in a private directory"
+            )
         parent = Path(address[len("ipc://") :]).parent
         try:
             st = parent.stat()
@@ -79,15 +103,24 @@ class SocketPump:
     ``make_socket(ctx)`` is called inside the IO thread (a bind error is re-raised
     from `start`). Each received multipart message goes to ``on_frames`` (called in
     the IO thread; it must not block). `send` may be called from any thread.
-    ``on_tick`` runs in the IO thread every ``tick_s`` seconds; ``on_disconnect`` there
-    too, with the endpoint, whenever a peer's connection closes (ZeroMQ also closes
-    the connection of a peer that sent a frame over ``MAXMSGSIZE``).
+    ``on_tick`` runs in the IO thread every ``tick_s`` seconds.
+
+    ``monitor_events`` (a mask of ``zmq.EVENT_*``) are passed to ``on_event(event,
+    endpoint)`` in the IO thread: a connection closed, a handshake done or refused.
+
+    A message of more than ``max_parts`` frames or ``max_bytes`` bytes is received
+    frame by frame and dropped without being copied; ``on_oversized(first frame,
+    parts, bytes)`` is told (the first frame is empty when it is itself too large).
 
     ``on_undeliverable(frames, reason)``, for a ROUTER socket with ``ROUTER_MANDATORY``,
     gets each outgoing message its peer cannot take: ``"blocked"`` (the peer's queue
     reached ``SNDHWM``: it does not read) or ``"gone"`` (no such peer any more). The
     message is dropped and the pump sends on to the other peers. Without it, a full
     queue holds every message back until the next wake-up.
+
+    ``on_failure(error)`` runs in the IO thread if the thread fails (a bug, or ZeroMQ
+    failing under it): the socket is closed and nothing more is sent or received, so
+    the owner must stop as well.
     """
 
     def __init__(
@@ -96,16 +129,26 @@ class SocketPump:
         on_frames: Callable[[list[bytes]], None],
         *,
         on_tick: Callable[[], None] | None = None,
-        on_disconnect: Callable[[str], None] | None = None,
+        monitor_events: int = 0,
+        on_event: Callable[[int, str], None] | None = None,
         on_undeliverable: Callable[[list[bytes], str], None] | None = None,
+        max_parts: int = 64,
+        max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        on_oversized: Callable[[bytes, int, int], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
         tick_s: float = 0.1,
         name: str = "thinkgate-io",
     ) -> None:
         self._make_socket = make_socket
         self._on_frames = on_frames
         self._on_tick = on_tick
-        self._on_disconnect = on_disconnect
+        self._monitor_events = monitor_events
+        self._on_event = on_event
         self._on_undeliverable = on_undeliverable
+        self._max_parts = max_parts
+        self._max_bytes = max_bytes
+        self._on_oversized = on_oversized
+        self._on_failure = on_failure
         self._tick_s = tick_s
         self._out: deque[list[bytes]] = deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -114,6 +157,8 @@ class SocketPump:
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        #: why the IO thread ended early, if it did
+        self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
 
@@ -133,7 +178,7 @@ class SocketPump:
         try:
             os.write(self._wake_w, b"\0")
         except (BlockingIOError, OSError):
-            pass  # the pipe is full: the IO thread is already due to wake up
+            pass  # the pipe is full (the IO thread is already due to wake up), or closed
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is queued, then close the socket and stop the thread."""
@@ -163,22 +208,22 @@ class SocketPump:
             self._ready.set()
             return
         self._ready.set()
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
         monitor = None
-        if self._on_disconnect is not None:
-            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            poller.register(monitor, zmq.POLLIN)
-        next_tick = time.monotonic() + self._tick_s
         try:
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            poller.register(self._wake_r, zmq.POLLIN)
+            if self._monitor_events and self._on_event is not None:
+                monitor = sock.get_monitor_socket(self._monitor_events)
+                poller.register(monitor, zmq.POLLIN)
+            next_tick = time.monotonic() + self._tick_s
             while not self._stopping.is_set():
                 timeout_ms = max(0.0, (next_tick - time.monotonic()) * 1000)
                 events = dict(poller.poll(timeout_ms))
                 if events.get(sock):
                     self._receive(sock)
                 if monitor is not None and events.get(monitor):
-                    self._disconnects(monitor)
+                    self._events(monitor)
                 if events.get(self._wake_r):
                     try:
                         os.read(self._wake_r, 65536)
@@ -191,40 +236,80 @@ class SocketPump:
                     if self._on_tick is not None:
                         self._on_tick()
             self._flush(sock)
-        except Exception:
-            log.exception("IO thread failed")
+        except BaseException as e:
+            self.failure = e
+            log.exception("IO thread failed; its socket closes")
         finally:
             if monitor is not None:
-                sock.disable_monitor()
+                try:
+                    sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass
                 monitor.close(linger=0)
-            sock.close(linger=1000)
+            sock.close(linger=0 if self.failure is not None else 1000)
+        if self.failure is not None and self._on_failure is not None:
+            try:
+                self._on_failure(self.failure)
+            except Exception:
+                log.exception("the IO thread's failure handler failed")
 
-    def _disconnects(self, monitor: zmq.Socket) -> None:
+    def _events(self, monitor: zmq.Socket) -> None:
         from zmq.utils.monitor import recv_monitor_message
 
-        assert self._on_disconnect is not None
+        assert self._on_event is not None
         while True:
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
             endpoint = event.get("endpoint", b"")
-            self._on_disconnect(
-                endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else str(endpoint)
+            self._on_event(
+                int(event["event"]),
+                endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else str(endpoint),
             )
 
     def _receive(self, sock: zmq.Socket) -> None:
         for _ in range(1024):  # bounded, so that sending is never starved
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            frames = self._recv_message(sock)
+            if frames is None:
                 return
+            if not frames:
+                continue  # dropped: over the limit
             try:
                 self._on_frames(frames)
             except Exception:
                 # A peer's message must never end the IO thread (the process would go
                 # deaf while still alive): a handler that fails costs that message only.
                 log.exception("dropped a message whose handler failed")
+
+    def _recv_message(self, sock: zmq.Socket) -> list[bytes] | None:
+        """The next whole message (None: nothing waiting; []: one that was over the
+        limit, received to its end and dropped). ZeroMQ delivers a multipart message
+        only once all of it has arrived, so the rest of its frames never block."""
+        try:
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        size = len(frame)
+        first = frame.bytes if size <= ENVELOPE_BYTES else b""
+        parts: list[zmq.Frame] | None = [frame]
+        count = 1
+        while frame.more:
+            frame = sock.recv(copy=False)
+            count += 1
+            size += len(frame)
+            if parts is not None:
+                if count > self._max_parts or size > self._max_bytes:
+                    parts = None  # frees what was kept; the rest is read and let go
+                else:
+                    parts.append(frame)
+        if parts is None or size > self._max_bytes:
+            if self._on_oversized is not None:
+                self._on_oversized(first, count, size)
+            else:
+                log.warning("dropped a message of %d parts, %d bytes: over the limit", count, size)
+            return []
+        return [f.bytes for f in parts]
 
     def _flush(self, sock: zmq.Socket) -> None:
         out = self._out
@@ -243,3 +328,41 @@ class SocketPump:
                     self._on_undeliverable(frames, "gone")
                 else:
                     log.warning("dropped an outgoing message: %s", e)
+
+
+def set_heartbeats(sock: zmq.Socket, interval_s: float, timeout_s: float) -> None:
+    """ZeroMQ's own heartbeats on ``sock``: a PING every ``interval_s``, and the
+    connection closed when nothing (not even a PONG) arrives for ``timeout_s``. ZeroMQ's
+    IO threads answer them, in C++, so a process whose Python threads are starved (a
+    long computation holding the GIL) still answers; only a stopped or vanished
+    process, or a lost network, goes silent."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(interval_s * 1000)))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(timeout_s * 1000)))
+
+
+class RunningClock:
+    """Time during which this process was running: the wall clock, less the gaps in
+    which a thread that ticks every ``tick_s`` did not get to run (the process was
+    stopped, swapped out, or its Python threads starved). A silence measured on this
+    clock happened while we were able to hear."""
+
+    def __init__(self, tick_s: float, *, slack_s: float = 0.25) -> None:
+        self._max_step = 2 * tick_s + slack_s
+        self._last = time.monotonic()
+        self._now = 0.0
+        #: the longest stall seen (seconds), for logs
+        self.longest_stall_s = 0.0
+
+    def tick(self) -> float:
+        """Call from the ticking thread; returns the running time."""
+        t = time.monotonic()
+        gap = t - self._last
+        self._last = t
+        if gap > self._max_step:
+            self.longest_stall_s = max(self.longest_stall_s, gap)
+        self._now += min(gap, self._max_step)
+        return self._now
+
+    @property
+    def now(self) -> float:
+        return self._now

@@ -10,7 +10,9 @@ from .base import (
     ReasoningTracker,
     TextSplit,
 )
+from .cache import ParserCache, kwargs_key
 from .registry import (
+    REASONING_PARSERS,
     create_reasoning_parser,
     get_reasoning_parser_class,
     load_plugin,
@@ -19,8 +21,10 @@ from .registry import (
 )
 
 __all__ = [
+    "REASONING_PARSERS",
     "AnswerStart",
     "DeltaSplit",
+    "ParserCache",
     "Phase",
     "ReasoningError",
     "ReasoningParser",
@@ -29,6 +33,7 @@ __all__ = [
     "TextSplit",
     "create_reasoning_parser",
     "get_reasoning_parser_class",
+    "kwargs_key",
     "load_plugin",
     "reasoning_parser_names",
     "register_reasoning_parser",

@@ -41,8 +41,14 @@ class _MistralText(TextMarkersParser):
 class MistralReasoningParser(ReasoningParser):
     special_markers = ("[THINK]", "[/THINK]", "[TOOL_CALLS]")
 
-    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: Mapping[str, Any] | None = None):
-        super().__init__(tokenizer, chat_template_kwargs)
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+    ):
+        super().__init__(tokenizer, chat_template_kwargs, name=name)
         think = [m for m in ("[THINK]", "[/THINK]") if m in tokenizer.special_tokens]
         # Validate here, so that errors name this parser: one of the pair alone is an
         # error, and [TOOL_CALLS] is needed either way.
@@ -50,7 +56,7 @@ class MistralReasoningParser(ReasoningParser):
             require_special(self, marker)
         require_special(self, "[TOOL_CALLS]")
         impl = _MistralTokens if think else _MistralText
-        self._impl: ReasoningParser = impl(tokenizer, chat_template_kwargs)
+        self._impl: ReasoningParser = impl(tokenizer, chat_template_kwargs, name=self.name)
         #: whether the markers are the special tokens (else text ``<think>``)
         self.special_think_tokens = bool(think)
 
@@ -58,8 +64,11 @@ class MistralReasoningParser(ReasoningParser):
     def implicit_end_ids(self) -> Sequence[int]:
         return self._impl.implicit_end_ids
 
-    def prompt_phase(self, prompt_token_ids: Sequence[int]) -> Phase:
-        return self._impl.prompt_phase(prompt_token_ids)
+    def marker_phase(self, prompt_token_ids: Sequence[int]) -> Phase | None:
+        return self._impl.marker_phase(prompt_token_ids)
+
+    def default_phase(self) -> Phase:
+        return self._impl.default_phase()
 
     def new_tracker(self, phase: Phase) -> ReasoningTracker:
         return self._impl.new_tracker(phase)

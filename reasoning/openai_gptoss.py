@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .base import AnswerStart, Phase, ReasoningParser, ReasoningTracker, TextSplit
-from .text_markers import require_special, vocab_index
+from .text_markers import require_special
+from .vocab import vocab_index
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
@@ -39,8 +40,14 @@ _SHORT = _CHANNEL
 class GptOssReasoningParser(ReasoningParser):
     special_markers = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
 
-    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: Mapping[str, Any] | None = None):
-        super().__init__(tokenizer, chat_template_kwargs)
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+    ):
+        super().__init__(tokenizer, chat_template_kwargs, name=name)
         self.start_id, self.channel_id, self.message_id, self.end_id = (
             require_special(self, m) for m in self.special_markers
         )
@@ -59,10 +66,11 @@ class GptOssReasoningParser(ReasoningParser):
         )
         self._continuations: dict[tuple[int, int], tuple[int, ...]] = {}
 
-    def prompt_phase(self, prompt_token_ids: Sequence[int]) -> Phase:
+    def marker_phase(self, prompt_token_ids: Sequence[int]) -> Phase:
         """UNDECIDED when the prompt ends with ``<|start|>assistant``; THINKING when it
         ends inside an analysis body it opened; ANSWER otherwise (another message's body
-        is open, or the prompt does not end at a message start)."""
+        is open, or the prompt does not end at a message start). The prompt always
+        decides: Harmony has no kwargs that switch the analysis channel off."""
         ids = prompt_token_ids
         s = next((i for i in range(len(ids) - 1, -1, -1) if ids[i] == self.start_id), -1)
         if s < 0:
@@ -89,14 +97,7 @@ class GptOssReasoningParser(ReasoningParser):
             if isinstance(part, int):
                 ids = (part,)
             else:
-                rest = part[off:]
-                index, special = vocab_index(self.tokenizer), self.tokenizer.special_ids
-                ids = tuple(
-                    t
-                    for k in range(1, len(rest) + 1)
-                    for t in index.exact(rest[:k])
-                    if t not in special
-                )
+                ids = vocab_index(self.tokenizer).prefixes_of(part[off:], special=False)
             self._continuations[key] = ids
         return ids
 
@@ -109,7 +110,7 @@ class HarmonyTracker(ReasoningTracker):
     __slots__ = ("_p", "_tb", "_special", "_seg", "_off", "_held", "_undecided", "_analyses")
 
     def __init__(self, parser: GptOssReasoningParser, phase: Phase) -> None:
-        super().__init__(phase)
+        super().__init__(parser, phase)
         self._p = parser
         self._tb = parser.tokenizer.token_bytes
         self._special = parser.tokenizer.special_ids

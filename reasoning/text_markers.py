@@ -18,19 +18,18 @@ answer where the family writes one.
 
 from __future__ import annotations
 
-import bisect
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .answer_wrapper import AnswerWrapper, WrapperState
 from .base import AnswerStart, Phase, ReasoningError, ReasoningParser, ReasoningTracker, TextSplit
+from .vocab import vocab_index
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
 
 
-class Markers:
+class TextMarker:
     """The spellings (variants) of one text marker, canonical first."""
 
     __slots__ = ("variants", "_prefixes", "_firsts", "_longest")
@@ -86,43 +85,9 @@ class Markers:
         raise ValueError(f"{written!r} does not start any spelling of the marker")
 
 
-class _VocabIndex:
-    """The vocabulary's non-empty token bytes, sorted: ids by exact bytes or by prefix."""
-
-    __slots__ = ("_keys", "_ids")
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        pairs = sorted((b, i) for i, b in enumerate(tokenizer.all_token_bytes) if b)
-        self._keys = [b for b, _ in pairs]
-        self._ids = [i for _, i in pairs]
-
-    def exact(self, data: bytes) -> list[int]:
-        lo = bisect.bisect_left(self._keys, data)
-        hi = bisect.bisect_right(self._keys, data)
-        return self._ids[lo:hi]
-
-    def longer_with_prefix(self, prefix: bytes) -> list[int]:
-        """Ids whose bytes start with ``prefix`` and are longer than it."""
-        lo = bisect.bisect_right(self._keys, prefix)
-        hi = lo
-        keys = self._keys
-        while hi < len(keys) and keys[hi].startswith(prefix):
-            hi += 1
-        return self._ids[lo:hi]
-
-
-_INDEXES: weakref.WeakKeyDictionary[Tokenizer, _VocabIndex] = weakref.WeakKeyDictionary()
-
-
-def vocab_index(tokenizer: Tokenizer) -> _VocabIndex:
-    """The (cached) sorted index of ``tokenizer``'s token bytes; built on first use."""
-    index = _INDEXES.get(tokenizer)
-    if index is None:
-        index = _INDEXES[tokenizer] = _VocabIndex(tokenizer)
-    return index
-
-
-def text_continuations(tokenizer: Tokenizer, written: bytes, markers: Markers) -> tuple[int, ...]:
+def text_continuations(
+    tokenizer: Tokenizer, written: bytes, markers: TextMarker
+) -> tuple[int, ...]:
     """Ids that continue ``written`` (a proper prefix of a spelling) towards a complete
     marker: tokens whose bytes are a prefix of a remainder, and tokens that complete it
     and carry more bytes."""
@@ -132,8 +97,7 @@ def text_continuations(tokenizer: Tokenizer, written: bytes, markers: Markers) -
         if not v.startswith(written) or len(v) == len(written):
             continue
         rest = v[len(written) :]
-        for k in range(1, len(rest) + 1):
-            ids.update(dict.fromkeys(index.exact(rest[:k])))
+        ids.update(dict.fromkeys(index.prefixes_of(rest, special=True)))
         ids.update(dict.fromkeys(index.longer_with_prefix(rest)))
     return tuple(ids)
 
@@ -179,10 +143,16 @@ class TextMarkersParser(ReasoningParser):
         super().__init_subclass__(**kwargs)
         cls.special_markers = tuple(cls.implicit_end_markers)
 
-    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: Mapping[str, Any] | None = None):
-        super().__init__(tokenizer, chat_template_kwargs)
-        self.start = Markers([m.encode() for m in self.start_markers])
-        self.end = Markers([m.encode() for m in self.end_markers])
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+    ):
+        super().__init__(tokenizer, chat_template_kwargs, name=name)
+        self.start = TextMarker([m.encode() for m in self.start_markers])
+        self.end = TextMarker([m.encode() for m in self.end_markers])
         self._implicit = tuple(require_special(self, m) for m in self.implicit_end_markers)
         self._turn_ids = special_ids(tokenizer, self.turn_markers)
         self._continuations: dict[bytes, tuple[int, ...]] = {}
@@ -192,16 +162,12 @@ class TextMarkersParser(ReasoningParser):
     def implicit_end_ids(self) -> Sequence[int]:
         return self._implicit
 
-    def default_phase(self) -> Phase:
-        """How the output starts when the prompt's current turn holds no marker."""
-        return Phase.UNDECIDED
-
-    def prompt_phase(self, prompt_token_ids: Sequence[int]) -> Phase:
+    def marker_phase(self, prompt_token_ids: Sequence[int]) -> Phase | None:
         text = self.tokenizer.decode_bytes(current_turn(prompt_token_ids, self._turn_ids))
         end_at = self.end.rfind(text)
         start_at = self.start.rfind(text)
         if end_at < 0 and start_at < 0:
-            return self.default_phase()
+            return None
         return Phase.ANSWER if end_at > start_at else Phase.THINKING
 
     def new_tracker(self, phase: Phase) -> ReasoningTracker:
@@ -244,7 +210,7 @@ class TextMarkersTracker(ReasoningTracker):
     __slots__ = ("_p", "_held", "_marks", "_undecided", "_mode", "_wrap", "_tb")
 
     def __init__(self, parser: TextMarkersParser, phase: Phase) -> None:
-        super().__init__(phase)
+        super().__init__(parser, phase)
         self._p = parser
         self._tb = parser.tokenizer.token_bytes
         self._held = b""
@@ -307,6 +273,8 @@ class TextMarkersTracker(ReasoningTracker):
         return TextSplit(b"", content)
 
     def _content(self, data: bytes, out: list[bytes]) -> None:
+        """Answer bytes to content, through the answer wrapper if the family has one
+        (a separator written whole goes through it too, into a list nobody reads)."""
         if self._wrap is None:
             out.append(data)
             return
@@ -344,6 +312,10 @@ class TextMarkersTracker(ReasoningTracker):
         for i, tid in enumerate(token_ids):
             phase = self.phase
             if phase == Phase.ANSWER:
+                if self._layout and self._take_layout(tb(tid)):
+                    if want_text and not self._layout:
+                        self._content(self._p.content_separator, [])  # the wrapper's opening
+                    continue
                 if not want_text:
                     break
                 self._content(tb(tid), content)
@@ -399,6 +371,11 @@ class TextMarkersTracker(ReasoningTracker):
             after = self._scan(buf, marks, reasoning)
             if after is not None:
                 self.phase = Phase.ANSWER
+                self._open_layout()
+                if self._layout and after and self._take_layout(after):
+                    if want_text and not self._layout:
+                        self._content(p.content_separator, [])  # the wrapper's opening
+                    after = b""
                 start = AnswerStart(i + 1, after)
                 if want_text and after:
                     self._content(after, content)

@@ -1,7 +1,8 @@
 """The shared machine of families whose reasoning markers are single special tokens.
 
 A family file subclasses `ThinkTagsParser` and sets its markers as class attributes;
-it overrides `default_phase` where its kwargs or habits decide how a turn starts.
+it overrides `default_phase` where its kwargs or habits decide how a turn starts
+(only where the prompt's current turn holds no marker: see `reasoning.base`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .answer_wrapper import AnswerWrapper, WrapperState
 from .base import AnswerStart, Phase, ReasoningParser, ReasoningTracker, TextSplit
-from .text_markers import current_turn, require_special, special_ids, vocab_index
+from .text_markers import current_turn, require_special, special_ids
+from .vocab import vocab_index
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
@@ -45,8 +47,14 @@ class ThinkTagsParser(ReasoningParser):
         super().__init_subclass__(**kwargs)
         cls.special_markers = (cls.start_marker, cls.end_marker, *cls.implicit_end_markers)
 
-    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: Mapping[str, Any] | None = None):
-        super().__init__(tokenizer, chat_template_kwargs)
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+    ):
+        super().__init__(tokenizer, chat_template_kwargs, name=name)
         self.start_id = require_special(self, self.start_marker)
         self.end_id = require_special(self, self.end_marker)
         self._implicit = tuple(require_special(self, m) for m in self.implicit_end_markers)
@@ -58,17 +66,13 @@ class ThinkTagsParser(ReasoningParser):
     def implicit_end_ids(self) -> Sequence[int]:
         return self._implicit
 
-    def default_phase(self) -> Phase:
-        """How the output starts when the prompt's current turn holds no marker."""
-        return Phase.UNDECIDED
-
-    def prompt_phase(self, prompt_token_ids: Sequence[int]) -> Phase:
+    def marker_phase(self, prompt_token_ids: Sequence[int]) -> Phase | None:
         for tid in reversed(current_turn(prompt_token_ids, self._turn_ids)):
             if tid == self.end_id:
                 return Phase.ANSWER
             if tid == self.start_id:
                 return Phase.THINKING
-        return self.default_phase()
+        return None
 
     def new_tracker(self, phase: Phase) -> ReasoningTracker:
         return ThinkTagsTracker(self, phase)
@@ -79,11 +83,8 @@ class ThinkTagsParser(ReasoningParser):
         ids = self._lead_continuations.get(written)
         if ids is None:
             rest = self.start_lead[len(written) :]
-            index = vocab_index(self.tokenizer)
-            lead = [t for k in range(1, len(rest) + 1) for t in index.exact(rest[:k])]
-            special = self.tokenizer.special_ids
-            ids = (self.start_id, *(t for t in lead if t not in special))
-            self._lead_continuations[written] = ids
+            lead = vocab_index(self.tokenizer).prefixes_of(rest, special=False)
+            ids = self._lead_continuations[written] = (self.start_id, *lead)
         return ids
 
 
@@ -104,7 +105,7 @@ class ThinkTagsTracker(ReasoningTracker):
     )
 
     def __init__(self, parser: ThinkTagsParser, phase: Phase) -> None:
-        super().__init__(phase)
+        super().__init__(parser, phase)
         self._p = parser
         self._start = parser.start_id
         self._end = parser.end_id
@@ -142,6 +143,8 @@ class ThinkTagsTracker(ReasoningTracker):
         return TextSplit(b"", content)
 
     def _content(self, data: bytes, out: list[bytes]) -> None:
+        """Answer bytes to content, through the answer wrapper if the family has one
+        (a separator written whole goes through it too, into a list nobody reads)."""
         wrapper = self._p.answer_wrapper
         if wrapper is None or self._wrap is None:
             out.append(data)
@@ -159,6 +162,10 @@ class ThinkTagsTracker(ReasoningTracker):
         for i, tid in enumerate(token_ids):
             phase = self.phase
             if phase == Phase.ANSWER:
+                if self._layout and self._take_layout(tb(tid)):
+                    if want_text and not self._layout:
+                        self._content(self._p.content_separator, [])  # the wrapper's opening
+                    continue
                 if not want_text:
                     break
                 self._content(tb(tid), content)
@@ -184,6 +191,7 @@ class ThinkTagsTracker(ReasoningTracker):
             if tid == self._end:
                 self.phase = Phase.ANSWER
                 start = AnswerStart(i + 1)
+                self._open_layout()
             elif tid in self._implicit:
                 self.phase = Phase.ANSWER
                 start = AnswerStart(i)

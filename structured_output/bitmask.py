@@ -7,13 +7,16 @@ step's host-to-device copy can still be in flight while the next step is filled.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from .guard import GuardTable
     from .guide import RequestGuide
 
 
@@ -34,12 +37,97 @@ class FilledMask:
         return len(self.rows)
 
 
-class BitmaskFiller:
-    """Fills the rows of the batch whose grammar is active, in one batched call.
+class SharedFill:
+    """Many rows filled by the calling thread and ``helpers`` more, each pulling the
+    next chunk of rows from one list (xgrammar's batch call on one thread per chunk,
+    without the GIL) until none is left.
 
-    Below ``batch_threshold`` rows a plain loop over the matchers is used (xgrammar's
-    batch call starts a thread pool per call, which costs more than small batches
-    gain); the loop also learns which rows restrict nothing and skips them.
+    Unlike xgrammar's own threaded call, which splits the rows evenly and waits for
+    every part, a thread that the OS does not run for a while (a busy machine) costs
+    at most the chunk it holds: the others take the rest. A helper that wakes after
+    the work is gone does nothing."""
+
+    def __init__(self, helpers: int, chunk: int = 16) -> None:
+        import xgrammar as xgr
+
+        self.chunk = chunk
+        self.helpers = max(0, helpers)
+        self._own = xgr.BatchGrammarMatcher(max_threads=1)
+        self._jobs: list[queue.SimpleQueue[_Job | None]] = []  # one per helper, once started
+
+    def _start(self) -> None:
+        import xgrammar as xgr
+
+        for i in range(self.helpers):
+            jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+            batch = xgr.BatchGrammarMatcher(max_threads=1)
+            threading.Thread(
+                target=_serve, args=(jobs, batch), name=f"thinkgate-fill-{i}", daemon=True
+            ).start()
+            self._jobs.append(jobs)
+
+    def fill(self, matchers: list[Any], buf: torch.Tensor, rows: list[int]) -> None:
+        n = len(rows)
+        job = _Job(
+            matchers, buf, rows, [(a, min(a + self.chunk, n)) for a in range(0, n, self.chunk)]
+        )
+        for jobs in self._jobs:
+            jobs.put(job)
+        job.work(self._own)
+        job.wait()
+
+    def close(self) -> None:
+        for jobs in self._jobs:
+            jobs.put(None)
+        self._jobs = []
+        self.helpers = 0
+
+
+class _Job:
+    __slots__ = ("matchers", "buf", "rows", "bounds", "_taken", "_done", "_cond", "error")
+
+    def __init__(
+        self, matchers: list[Any], buf: torch.Tensor, rows: list[int], bounds: list
+    ) -> None:
+        self.matchers, self.buf, self.rows, self.bounds = matchers, buf, rows, bounds
+        self._taken = iter(range(len(bounds)))  # next() on it is atomic under the GIL
+        self._done = 0
+        self._cond = threading.Condition()
+        self.error: BaseException | None = None
+
+    def work(self, batch: Any) -> None:
+        for i in self._taken:
+            a, b = self.bounds[i]
+            try:
+                batch.batch_fill_next_token_bitmask(self.matchers[a:b], self.buf, self.rows[a:b])
+            except BaseException as e:  # raised again in the thread that called fill
+                self.error = e
+            with self._cond:
+                self._done += 1
+                if self._done == len(self.bounds):
+                    self._cond.notify_all()
+
+    def wait(self) -> None:
+        with self._cond:
+            while self._done < len(self.bounds):
+                self._cond.wait()
+        if self.error is not None:
+            raise self.error
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None], batch: Any) -> None:
+    while (job := jobs.get()) is not None:
+        job.work(batch)
+
+
+class BitmaskFiller:
+    """Fills the rows of the batch whose grammar is active.
+
+    Below ``batch_threshold`` rows a plain loop over the matchers is used; it also
+    learns which rows restrict nothing and skips them. From ``batch_threshold`` rows
+    on, ``max_threads`` threads share the rows (`SharedFill`). Then ``guard``
+    (`guard.py`) combines each row of a `GuardedMatcher` with the mask of its state,
+    for all rows at once.
     """
 
     def __init__(
@@ -51,6 +139,7 @@ class BitmaskFiller:
         num_buffers: int = 1,
         batch_threshold: int = 64,
         max_threads: int = 2,
+        guard: GuardTable | None = None,
     ) -> None:
         import xgrammar as xgr
 
@@ -63,28 +152,47 @@ class BitmaskFiller:
         self._views = [b.numpy().view(np.uint32) for b in self.buffers]
         self._next = 0
         self.batch_threshold = batch_threshold
-        self._batch = xgr.BatchGrammarMatcher(max_threads=max_threads)
+        self._shared = SharedFill(max_threads - 1)
+        self._fill_one = xgr.GrammarMatcher.fill_next_token_bitmask  # unguarded: see fill
+        #: set once the engine's guard table is built (the manager waits for it before
+        #: any guarded matcher exists)
+        self.guard = guard
+
+    def close(self) -> None:
+        """Let the helper threads go (a fill after this runs on the calling thread)."""
+        self._shared.close()
 
     def fill(self, rows: Sequence[int], guides: Sequence[RequestGuide]) -> FilledMask:
-        """Fill ``rows`` from ``guides`` (same order; each with an active grammar)."""
+        """Fill ``rows`` from ``guides`` (same order; each with an active grammar): the
+        grammar's mask plus the guide's `extra_allowed`, or those extra ids alone where
+        the guide does not follow its grammar this step."""
         k = self._next
         self._next = (k + 1) % len(self.buffers)
         buf, view = self.buffers[k], self._views[k]
         if not rows:
             return FilledMask(buf, np.empty(0, dtype=np.int64))
+        matchers = [g.matcher for g in guides]
         if len(rows) >= self.batch_threshold:
-            matchers = [g.matcher for g in guides]
-            self._batch.batch_fill_next_token_bitmask(matchers, buf, list(rows))
-            active = list(rows)
+            self._shared.fill(matchers, buf, list(rows))
+            active = np.asarray(rows, dtype=np.int64)
         else:
-            active = [
-                r
-                for r, g in zip(rows, guides, strict=True)
-                if g.matcher.fill_next_token_bitmask(buf, r)
-            ]
+            fill = self._fill_one
+            active = np.asarray(
+                [r for r, m in zip(rows, matchers, strict=True) if fill(m, buf, r)], np.int64
+            )
+        if self.guard is not None:
+            changed = self.guard.apply(view, rows, matchers)
+            if len(changed) and len(active) < len(rows):
+                active = np.union1d(active, changed)
+        alone: list[int] = []  # rows whose mask is their extra ids alone
         for r, g in zip(rows, guides, strict=True):
             extra = g.extra_allowed()
+            if not g.follows_grammar:
+                view[r] = 0
+                alone.append(r)
             if extra:
                 ids = np.asarray(extra, dtype=np.int64)
                 np.bitwise_or.at(view[r], ids >> 5, np.left_shift(1, ids & 31).astype(np.uint32))
-        return FilledMask(buf, np.asarray(active, dtype=np.int64))
+        if alone:
+            active = np.union1d(active, alone)
+        return FilledMask(buf, active)

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,9 +89,16 @@ class _Job:
 
 
 class _Worker:
-    """One compile worker process, used by one dispatcher thread only."""
+    """One compile worker process, used by one dispatcher thread only (and killed by
+    `CompileService.close` from another)."""
 
-    def __init__(self, init: bytes, start_timeout_s: float) -> None:
+    def __init__(
+        self,
+        init: bytes,
+        start_timeout_s: float,
+        track: Callable[[_Worker], None],
+        untrack: Callable[[_Worker], None],
+    ) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = _PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
@@ -103,10 +111,18 @@ class _Worker:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin = self.proc.stdin
         self.stdout = self.proc.stdout
-        write_frame(self.stdin, init)
-        reply = self.read(start_timeout_s)
-        if reply is None or reply.job_id != -1:
+        try:
+            track(self)  # from now on `close` can stop it, even while it starts
+        except BaseException:
             self.kill()
+            raise
+        try:
+            write_frame(self.stdin, init)
+            reply = self.read(start_timeout_s)
+        except OSError:
+            reply = None
+        if reply is None or reply.job_id != -1:
+            untrack(self)
             raise RuntimeError("grammar compile worker failed to start")
 
     def read(self, timeout_s: float) -> CompileReply | None:
@@ -139,7 +155,7 @@ class CompileService:
         self,
         tokenizer: Tokenizer,
         options: CompileOptions,
-        tokenizer_info: xgr.TokenizerInfo,
+        tokenizer_info: xgr.TokenizerInfo | Future[xgr.TokenizerInfo],
         *,
         num_workers: int = 2,
         timeout_s: float = 10.0,
@@ -151,6 +167,8 @@ class CompileService:
         self.options = options
         self.timeout_s = timeout_s
         self.cache = GrammarCache(cache_bytes)
+        #: the vocabulary compiled grammars are loaded against (may still be building:
+        #: the first grammar that comes back waits for it)
         self._info = tokenizer_info
         self._init = msgspec.msgpack.encode(
             WorkerInit(
@@ -170,8 +188,15 @@ class CompileService:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._closed = False
+        #: every worker process alive (started or starting), so that `close` can stop
+        #: them at once, whatever their dispatcher is waiting for
+        self._workers: set[_Worker] = set()
         self.num_timeouts = 0
         self.num_compiled = 0
+        #: seconds the successful compiles took (the worker's round trip), in total
+        self.compile_seconds = 0.0
+        #: submissions answered from the cache
+        self.num_cache_hits = 0
         self._threads = [
             threading.Thread(target=self._dispatch, name=f"thinkgate-compile-{i}", daemon=True)
             for i in range(max(1, num_workers))
@@ -184,6 +209,7 @@ class CompileService:
         that fails its checks). Never blocks."""
         hit = self.cache.get(spec)
         if hit is not None:
+            self.num_cache_hits += 1
             return _done(hit)
         try:
             check_spec(spec, self.options)
@@ -218,30 +244,64 @@ class CompileService:
         """Compiles queued or running."""
         return len(self._inflight)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop at once: the workers are killed (a compile under way fails its
+        requests; a worker still starting does not finish), and the dispatchers end.
+        Waits up to ``timeout_s`` for them."""
         with self._lock:
             self._closed = True
+            workers = list(self._workers)
         for _ in self._threads:
             self._jobs.put(None)
+        for w in workers:
+            w.proc.kill()  # its dispatcher's read returns; the dispatcher reaps it
+        deadline = time.monotonic() + timeout_s
+        for w in workers:
+            try:
+                w.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("grammar compile worker %d did not exit", w.proc.pid)
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(max(0.0, deadline - time.monotonic()))
 
-    def _finish(self, job: _Job, grammar: xgr.CompiledGrammar | None, error: str | None) -> None:
+    def _track(self, worker: _Worker) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the compile service is closed")
+            self._workers.add(worker)
+
+    def _untrack(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers.discard(worker)
+        worker.kill()
+
+    def _finish(
+        self,
+        job: _Job,
+        grammar: xgr.CompiledGrammar | None,
+        error: str | None,
+        seconds: float = 0.0,
+    ) -> None:
         with self._lock:
             if self._inflight.get(job.spec) is job:
                 del self._inflight[job.spec]
+            if grammar is not None:
+                self.num_compiled += 1
+                self.compile_seconds += seconds
         if grammar is not None:
             self.cache.put(job.spec, grammar)
-            self.num_compiled += 1
             job.future.set_result(grammar)
         else:
             job.future.set_exception(GrammarError(error or "grammar compilation failed"))
 
     def _start_worker(self) -> _Worker | None:
+        if self._closed:
+            return None
         try:
-            worker = _Worker(self._init, self._start_timeout_s)
+            worker = _Worker(self._init, self._start_timeout_s, self._track, self._untrack)
         except (OSError, RuntimeError) as e:
-            log.error("cannot start a grammar compile worker: %s", e)
+            if not self._closed:
+                log.error("cannot start a grammar compile worker: %s", e)
             return None
         log.info("grammar compile worker %d is ready", worker.proc.pid)
         return worker
@@ -278,8 +338,8 @@ class CompileService:
             # No reply before the deadline: its pipe closed, so it died. (poll() cannot
             # tell yet: a process closes its files before it becomes a zombie.)
             died = reply is None and time.monotonic() < deadline
-            worker.kill()
-            if not died or attempt == 2:
+            self._untrack(worker)
+            if not died or attempt == 2 or self._closed:
                 return None, None
             log.warning(
                 "grammar compile worker %d died (code %s) on a %s; trying it once "
@@ -295,8 +355,6 @@ class CompileService:
         return None, None
 
     def _dispatch(self) -> None:
-        import xgrammar as xgr
-
         worker: _Worker | None = None
         try:
             while True:
@@ -307,46 +365,68 @@ class CompileService:
                     return
                 if not job.future.set_running_or_notify_cancel():
                     continue  # released by every request that wanted it
-                if worker is not None and worker.proc.poll() is not None:
-                    # it died idle (killed, say): that is no fault of this job's
-                    log.warning(
-                        "grammar compile worker %d exited (code %s) while idle; starting another",
-                        worker.proc.pid,
-                        worker.proc.returncode,
-                    )
-                    worker.kill()
-                    worker = None
-                if worker is None:  # the last start failed, or the worker died idle: try now
-                    worker = self._start_worker()
-                if worker is None:
-                    self._finish(job, None, "no grammar compile worker is available")
-                    continue
-                deadline = time.monotonic() + self.timeout_s
-                reply, worker = self._compile(worker, job, deadline)
-                if reply is None:
-                    if time.monotonic() >= deadline:
-                        self.num_timeouts += 1
-                        msg = (
-                            f"{job.spec.kind.value} compilation exceeded the time limit of "
-                            f"{self.timeout_s:g} s"
-                        )
-                    else:
-                        msg = f"the grammar compiler failed on this {job.spec.kind.value}"
-                    self._finish(job, None, msg)
-                elif not reply.ok:
-                    self._finish(job, None, reply.error)
-                else:
-                    try:
-                        grammar = xgr.CompiledGrammar.deserialize_json(
-                            reply.grammar_json, self._info
-                        )
-                    except (RuntimeError, ValueError) as e:
-                        self._finish(job, None, f"compiled grammar could not be loaded: {e}")
-                    else:
-                        self._finish(job, grammar, None)
+                try:
+                    worker = self._run(worker, job)
+                except Exception as e:
+                    # Nothing may end this thread: the requests of every later job would
+                    # wait for ever. This job fails; its worker, in an unknown state, goes.
+                    log.exception("grammar compile dispatcher failed on a %s", job.spec.kind.value)
+                    if worker is not None:
+                        self._untrack(worker)
+                        worker = None
+                    if not job.future.done():
+                        self._finish(job, None, f"internal error while compiling: {e!r}")
         finally:
             if worker is not None:
-                worker.kill()
+                self._untrack(worker)
+
+    def _run(self, worker: _Worker | None, job: _Job) -> _Worker | None:
+        """Compile ``job`` and settle its future; returns the worker to use next."""
+        import xgrammar as xgr
+
+        from .guard import GuardedGrammar
+
+        if worker is not None and worker.proc.poll() is not None:
+            # it died idle (killed, say): that is no fault of this job's
+            log.warning(
+                "grammar compile worker %d exited (code %s) while idle; starting another",
+                worker.proc.pid,
+                worker.proc.returncode,
+            )
+            self._untrack(worker)
+            worker = None
+        if worker is None:  # the last start failed, or the worker died idle: try now
+            worker = self._start_worker()
+        if worker is None:
+            self._finish(job, None, "no grammar compile worker is available")
+            return None
+        began = time.monotonic()
+        deadline = began + self.timeout_s
+        reply, worker = self._compile(worker, job, deadline)
+        if reply is None:
+            if time.monotonic() >= deadline:
+                self.num_timeouts += 1
+                msg = (
+                    f"{job.spec.kind.value} compilation exceeded the time limit of "
+                    f"{self.timeout_s:g} s"
+                )
+            else:
+                msg = f"the grammar compiler failed on this {job.spec.kind.value}"
+            self._finish(job, None, msg)
+        elif not reply.ok:
+            self._finish(job, None, reply.error)
+        else:
+            info = self._info.result() if isinstance(self._info, Future) else self._info
+            try:
+                grammar = GuardedGrammar.wrap(
+                    xgr.CompiledGrammar.deserialize_json(reply.grammar_json, info),
+                    reply.json_text,
+                )
+            except (RuntimeError, ValueError) as e:
+                self._finish(job, None, f"compiled grammar could not be loaded: {e}")
+            else:
+                self._finish(job, grammar, None, time.monotonic() - began)
+        return worker
 
 
 def _done(grammar: xgr.CompiledGrammar) -> Future[xgr.CompiledGrammar]:

@@ -25,7 +25,7 @@ class WorkerInit(msgspec.Struct, array_like=True):
     vocab_rows: int
     stop_token_ids: list[int]
     special_tokens: dict[str, int]
-    max_whitespace: int
+    max_whitespace: int | None
     max_spec_bytes: int
     memory_limit_bytes: int = 0
     #: the largest compiled grammar sent back, in bytes of its serialized form (0: any)
@@ -44,6 +44,8 @@ class CompileReply(msgspec.Struct, array_like=True):
     ok: bool
     grammar_json: str = ""
     error: str = ""
+    #: the grammar writes JSON text only (`whitespace.json_text`)
+    json_text: bool = False
 
 
 def write_frame(stream: BinaryIO, data: bytes) -> None:
@@ -76,6 +78,34 @@ def _exit_with_parent(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _import_xgrammar():
+    """xgrammar, imported without transformers where that works: xgrammar imports it
+    at module level for its Hugging Face helpers, which a worker never uses, and it is
+    about half of xgrammar's import time (a second of CPU per worker start). Where
+    xgrammar's import needs more of transformers than names, it is imported whole."""
+    import importlib
+    import types
+
+    class _Absent(types.ModuleType):
+        def __getattr__(self, name: str) -> type:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return type(name, (), {})
+
+    if "transformers" in sys.modules:
+        return importlib.import_module("xgrammar")
+    sys.modules["transformers"] = _Absent("transformers")
+    try:
+        return importlib.import_module("xgrammar")
+    except Exception:  # whatever failed: import the real thing instead
+        for name in [m for m in sys.modules if m.split(".")[0] in ("xgrammar", "transformers")]:
+            del sys.modules[name]
+        return importlib.import_module("xgrammar")
+    finally:
+        if isinstance(sys.modules.get("transformers"), _Absent):
+            del sys.modules["transformers"]
+
+
 def main() -> int:
     _exit_with_parent()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -91,9 +121,9 @@ def main() -> int:
         limit = init.memory_limit_bytes
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    import xgrammar as xgr
+    xgr = _import_xgrammar()
 
-    from .specs import CompileOptions, GrammarError, GrammarSpec, compile_spec
+    from .specs import CompileOptions, GrammarError, GrammarSpec, compile_constraint
     from .vocab import build_tokenizer_info
 
     specials = init.special_tokens
@@ -108,7 +138,7 @@ def main() -> int:
     while (raw := read_frame(stdin)) is not None:
         job = dec.decode(raw)
         try:
-            compiled = compile_spec(
+            compiled, json_text = compile_constraint(
                 compiler,
                 GrammarSpec.of(job.kind, job.value, job.ignore_unsupported),
                 options,
@@ -126,7 +156,7 @@ def main() -> int:
                     ),
                 )
             else:
-                reply = CompileReply(job.job_id, True, grammar_json=text)
+                reply = CompileReply(job.job_id, True, grammar_json=text, json_text=json_text)
             del compiled, text
         except GrammarError as e:
             reply = CompileReply(job.job_id, False, error=str(e))

@@ -5,11 +5,20 @@ Rules it keeps (DESIGN.md):
 - while thinking, no mask: the grammar sees nothing of the thought;
 - from the answer's first token on, every token goes through the matcher; a token
   that ends thinking implicitly (Qwen3's ``<tool_call>``) is that first token;
-- right after an explicit end marker, the family's separator (Qwen3's ``\\n\\n``) is
-  allowed before the grammar's first token, and is not fed to the matcher;
-- where the model may still open its thinking (UNDECIDED), the mask is the grammar's
-  plus the start marker's next token; tokens the grammar accepts meanwhile are fed
-  tentatively and rolled back if the thinking opens;
+- right after an explicit end marker, the family's layout (Qwen3's ``\\n\\n``) is
+  allowed before the grammar's first token, and is not fed to the matcher; the
+  tracker reads it (`ReasoningTracker.take_layout`), so the front end drops from
+  content exactly what the grammar never saw;
+- where the model may still open its thinking (UNDECIDED), every allowed token either
+  continues the opening of the thinking or is accepted by the grammar: the mask is the
+  grammar's plus the opening's next tokens. Tokens the grammar accepts meanwhile are
+  fed tentatively, and rolled back if the thinking opens. A token that only the opening
+  allows leaves the grammar (it is rolled back to where it stood before the undecided
+  stretch, never marked dead): from then on the mask is the opening's next tokens
+  alone, until the thinking opens and the grammar starts afresh after it. So an answer
+  never begins with a token its grammar rejects, and the model may think in every
+  family whose opening marker shares first letters with an answer (Harmony's
+  ``analysis`` channel);
 - an implicit-end token that the grammar would reject is banned while thinking, so
   ending the thought can never produce an invalid answer; so are the stop tokens,
   since an output that stops while thinking has no answer at all (a constrained
@@ -28,28 +37,6 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
 
-class SeparatorTable:
-    """For a separator such as ``b"\\n\\n"``: for each remaining suffix, the ids whose
-    bytes are a non-empty prefix of it."""
-
-    __slots__ = ("separator", "_by_remaining")
-
-    def __init__(self, separator: bytes, token_bytes: Sequence[bytes]) -> None:
-        self.separator = separator
-        suffixes = {separator[i:] for i in range(len(separator))}
-        by: dict[bytes, list[int]] = {s: [] for s in suffixes}
-        if separator:
-            for tid, b in enumerate(token_bytes):
-                if b and len(b) <= len(separator) and separator.startswith(b[:1]):
-                    for s in suffixes:
-                        if s.startswith(b):
-                            by[s].append(tid)
-        self._by_remaining = {s: tuple(ids) for s, ids in by.items()}
-
-    def allowed(self, remaining: bytes) -> tuple[int, ...]:
-        return self._by_remaining.get(remaining, ())
-
-
 class GuideError(Exception):
     """The request cannot go on (a token its grammar rejects); the message says why."""
 
@@ -58,8 +45,8 @@ class RequestGuide:
     """Reasoning tracker + optional grammar matcher of one request.
 
     The engine calls `accept` once per generated token, in order; between steps it
-    reads `needs_mask`, `extra_allowed`, `forced_token` and `banned` to build the
-    step's constraints.
+    reads `needs_mask`, `follows_grammar`, `extra_allowed`, `forced_token` and
+    `banned` to build the step's constraints.
     """
 
     __slots__ = (
@@ -68,12 +55,10 @@ class RequestGuide:
         "phase",
         "budget",
         "banned",
-        "_sep_table",
-        "_sep_remaining",
+        "follows_grammar",
         "_tentative",
-        "_matcher_alive",
+        "_layout",
         "_forced",
-        "_token_bytes",
         "__weakref__",
     )
 
@@ -82,22 +67,21 @@ class RequestGuide:
         tracker: ReasoningTracker | None,
         matcher: xgr.GrammarMatcher | None,
         *,
-        separator: SeparatorTable | None = None,
         implicit_end_ids: Sequence[int] = (),
         stop_token_ids: Sequence[int] = (),
         budget: int | None = None,
-        token_bytes: Sequence[bytes] = (),
     ) -> None:
         self.tracker = tracker
         self.matcher = matcher
         self.phase = tracker.phase if tracker is not None else Phase.ANSWER
         self.budget = budget
-        self._sep_table = separator
-        self._sep_remaining = b""
+        #: whether this step's mask starts from the grammar's: False while an undecided
+        #: stretch has left the grammar, when `extra_allowed` alone is the mask
+        self.follows_grammar = True
         self._tentative = 0
-        self._matcher_alive = True
+        #: the tracker may still read the next token as layout
+        self._layout = False
         self._forced: list[int] = []
-        self._token_bytes = token_bytes
         #: ids never allowed while thinking (when there is a grammar): implicit ends
         #: the grammar would reject, and the stop tokens
         self.banned: tuple[int, ...] = ()
@@ -109,8 +93,9 @@ class RequestGuide:
 
     @property
     def needs_mask(self) -> bool:
-        """Whether this step's row must be masked by the grammar."""
-        return self.matcher is not None and self.phase != Phase.THINKING and self._matcher_alive
+        """Whether this step's row must be masked (by the grammar, or by
+        `extra_allowed` alone where `follows_grammar` is False)."""
+        return self.matcher is not None and self.phase != Phase.THINKING
 
     @property
     def thinking(self) -> bool:
@@ -120,8 +105,9 @@ class RequestGuide:
         """Ids to allow beside the grammar's mask this step (usually none)."""
         if self.phase == Phase.UNDECIDED and self.tracker is not None:
             return self.tracker.start_marker_continuations()
-        if self._sep_remaining and self._sep_table is not None:
-            return self._sep_table.allowed(self._sep_remaining)
+        if self._layout:
+            assert self.tracker is not None
+            return self.tracker.layout_continuations()
         return ()
 
     def forced_token(self) -> int | None:
@@ -144,6 +130,9 @@ class RequestGuide:
 
     @property
     def terminated(self) -> bool:
+        """Whether the grammar has ended: its matcher accepted a stop token that the
+        grammar allowed (so the answer is complete). The engine asks right after
+        feeding a stop token."""
         return self.matcher is not None and self.matcher.is_terminated()
 
     # ----- feed -------------------------------------------------------------------
@@ -159,29 +148,31 @@ class RequestGuide:
             return
         tracker = self.tracker
         assert tracker is not None
-        if phase == Phase.UNDECIDED and self.matcher is not None and self._matcher_alive:
+        if phase == Phase.UNDECIDED and self.matcher is not None and self.follows_grammar:
             if self.matcher.accept_token(token_id):
                 self._tentative += 1
             else:
+                # Allowed as the opening of the thinking only: the grammar goes back to
+                # where it stood, and only the opening may go on.
                 self._drop_tentative()
-                self._matcher_alive = False
+                self.follows_grammar = False
         start = tracker.advance((token_id,))
         self.phase = tracker.phase
         if self.phase == Phase.THINKING:
             self._drop_tentative()
-            self._matcher_alive = True
+            self.follows_grammar = True
         elif self.phase == Phase.ANSWER:
             self._begin_answer(start, phase, output_ids)
 
     def _accept_answer(self, token_id: int) -> None:
         if self.matcher is None:
             return
-        if self._sep_remaining:
-            tb = self._token_bytes[token_id] if token_id < len(self._token_bytes) else b""
-            if tb and self._sep_remaining.startswith(tb):
-                self._sep_remaining = self._sep_remaining[len(tb) :]
+        if self._layout:
+            assert self.tracker is not None
+            if self.tracker.take_layout(token_id):
+                self._layout = self.tracker.in_layout
                 return
-            self._sep_remaining = b""
+            self._layout = False
         if not self.matcher.accept_token(token_id):
             raise GuideError(f"the grammar rejected token {token_id} after the end of thinking")
 
@@ -193,9 +184,10 @@ class RequestGuide:
         if matcher is None:
             return
         if was == Phase.UNDECIDED:
-            # The tentative tokens were the answer's first tokens.
-            if not self._matcher_alive:
-                raise GuideError("the answer began with a token its grammar rejects")
+            # The tentative tokens were the answer's first tokens. An answer cannot
+            # begin after the grammar was left: only the opening was allowed then.
+            if not self.follows_grammar:
+                raise GuideError("the answer began after a token its grammar rejects")
             self._tentative = 0
             return
         index = start.index if start is not None else 1
@@ -207,8 +199,9 @@ class RequestGuide:
                     raise GuideError(
                         f"the answer began with token {tid}, which its grammar rejects"
                     )
-        elif self._sep_table is not None:
-            self._sep_remaining = self._sep_table.separator
+        else:
+            assert self.tracker is not None
+            self._layout = self.tracker.in_layout
         if prefix and not matcher.accept_string(prefix):
             raise GuideError("the answer's first characters are rejected by its grammar")
 

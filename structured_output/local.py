@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .specs import CompileOptions, GrammarSpec, compile_spec
+from .specs import CompileOptions, GrammarSpec, compile_constraint
 from .vocab import tokenizer_info_for
 
 if TYPE_CHECKING:
@@ -14,9 +14,12 @@ if TYPE_CHECKING:
 
     from tokenization import Tokenizer
 
+    from .guard import GuardedGrammar, GuardedMatcher, GuardTable
+
 
 class LocalCompiler:
-    """Specs of one vocabulary, compiled exactly as the engine compiles them."""
+    """Specs of one vocabulary, compiled exactly as the engine compiles them, and
+    matchers guarded as the engine guards them (`guard.py`)."""
 
     def __init__(
         self,
@@ -34,17 +37,40 @@ class LocalCompiler:
         self.compiler = xgr.GrammarCompiler(
             self.tokenizer_info, max_threads=max_threads, cache_enabled=cache
         )
+        self._guard: GuardTable | None = None
 
-    def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
-        return compile_spec(self.compiler, spec, self.options, self.tokenizer.special_tokens)
+    @property
+    def guard(self) -> GuardTable:
+        """The guard of this vocabulary and whitespace bound (built on first use)."""
+        if self._guard is None:
+            from .guard import GuardTable
+
+            tok = self.tokenizer
+            self._guard = GuardTable(
+                tok.all_token_bytes,
+                tok.vocab_rows,
+                special_ids=tok.special_ids,
+                limit=self.options.max_whitespace,
+            )
+        return self._guard
+
+    def compile(self, spec: GrammarSpec) -> GuardedGrammar:
+        from .guard import GuardedGrammar
+
+        grammar, json_text = compile_constraint(
+            self.compiler, spec, self.options, self.tokenizer.special_tokens
+        )
+        return GuardedGrammar.wrap(grammar, json_text)
 
     def matcher(
         self,
         spec_or_grammar: GrammarSpec | xgr.CompiledGrammar,
         stop_token_ids: Sequence[int] | None = None,
-    ) -> xgr.GrammarMatcher:
-        """A matcher that ends on ``stop_token_ids`` (default: the vocabulary's)."""
-        import xgrammar as xgr
+    ) -> GuardedMatcher:
+        """A guarded matcher that ends on ``stop_token_ids`` (default: the
+        vocabulary's). A grammar compiled elsewhere (not a `GuardedGrammar`) is matched
+        as raw text."""
+        from .guard import GuardedMatcher
 
         grammar = (
             self.compile(spec_or_grammar)
@@ -52,4 +78,9 @@ class LocalCompiler:
             else spec_or_grammar
         )
         stops = list(self.tokenizer.stop_token_ids if stop_token_ids is None else stop_token_ids)
-        return xgr.GrammarMatcher(grammar, override_stop_tokens=stops)
+        return GuardedMatcher(
+            grammar,
+            self.guard,
+            json_text=getattr(grammar, "json_text", False),
+            override_stop_tokens=stops,
+        )

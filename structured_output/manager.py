@@ -3,19 +3,21 @@ kwargs, request guides, and the bitmask filler."""
 
 from __future__ import annotations
 
-import json
+import logging
+import threading
+import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from reasoning import ReasoningError, ReasoningParser, create_reasoning_parser
+from reasoning import ParserCache, ReasoningParser
 
 from .bitmask import BitmaskFiller, FilledMask
 from .compile_service import CompileService
-from .guide import RequestGuide, SeparatorTable
+from .config import StructuredOutputConfig
+from .guard import GuardedMatcher, GuardTable
+from .guide import RequestGuide
 from .specs import CompileOptions, GrammarSpec
 from .structural_tags import require_marker_binding
 from .vocab import tokenizer_info_for
@@ -25,20 +27,8 @@ if TYPE_CHECKING:
 
     from tokenization import Tokenizer
 
-
-@dataclass(frozen=True, slots=True)
-class StructuredOutputConfig:
-    max_whitespace: int = 16
-    max_spec_bytes: int = 1 << 20
-    compile_workers: int = 2
-    compile_timeout_s: float = 10.0
-    cache_bytes: int = 512 << 20
-    worker_memory_bytes: int = 8 << 30
-    #: a compiled grammar larger than this (serialized, as it travels from its worker)
-    #: is refused: loading it costs the engine several times as much
-    max_compiled_bytes: int = 256 << 20
-    fill_batch_threshold: int = 64
-    fill_threads: int = 2
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class StructuredOutputManager:
@@ -57,53 +47,57 @@ class StructuredOutputManager:
         self.options = CompileOptions(
             max_whitespace=config.max_whitespace, max_spec_bytes=config.max_spec_bytes
         )
-        self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
-        self._separators: dict[bytes, SeparatorTable] = {}
+        self._parsers = (
+            ParserCache(reasoning_parser, tokenizer, field="reasoning_parser_kwargs")
+            if reasoning_parser is not None
+            else None
+        )
         self._guides: weakref.WeakSet[RequestGuide] = weakref.WeakSet()
         require_marker_binding()  # an xgrammar without it would leave markers as text
         if reasoning_parser is not None:
             self.parser_for(None)  # a parser that cannot serve this vocabulary stops start-up
-        self.tokenizer_info = tokenizer_info_for(tokenizer)
+        # Built in the background (start-up answers its handshake meanwhile); the first
+        # grammar to load, and the first guide, wait for them.
+        self._tokenizer_info = _in_background(
+            "xgrammar TokenizerInfo", lambda: tokenizer_info_for(tokenizer)
+        )
         self.compiler = CompileService(
             tokenizer,
             self.options,
-            self.tokenizer_info,
+            self._tokenizer_info,
             num_workers=config.compile_workers,
             timeout_s=config.compile_timeout_s,
-            cache_bytes=config.cache_bytes,
-            worker_memory_bytes=config.worker_memory_bytes,
-            max_compiled_bytes=config.max_compiled_bytes,
+            cache_bytes=config.grammar_cache_mb << 20,
+            worker_memory_bytes=config.compile_worker_memory_mb << 20,
+            max_compiled_bytes=config.max_compiled_grammar_mb << 20,
         )
-        self.filler = BitmaskFiller(
-            max_num_seqs,
-            tokenizer.vocab_rows,
-            pin_memory=pin_memory,
-            num_buffers=2 if pin_memory else 1,
-            batch_threshold=config.fill_batch_threshold,
-            max_threads=config.fill_threads,
+        self._guard: Future[GuardTable] = _in_background(
+            "guard table",
+            lambda: GuardTable(
+                tokenizer.all_token_bytes,
+                tokenizer.vocab_rows,
+                special_ids=tokenizer.special_ids,
+                limit=config.max_whitespace,
+            ),
         )
+        try:
+            self.filler = BitmaskFiller(
+                max_num_seqs,
+                tokenizer.vocab_rows,
+                pin_memory=pin_memory,
+                num_buffers=2 if pin_memory else 1,
+                batch_threshold=config.fill_batch_threshold,
+                max_threads=config.fill_threads,
+            )
+        except BaseException:
+            self.compiler.close()  # its workers, started already
+            raise
 
     def parser_for(self, kwargs: Mapping[str, Any] | None) -> ReasoningParser | None:
-        """The engine's reasoning parser built with a request's chat-template kwargs
-        (cached; raises the parser's error for kwargs it cannot use)."""
-        if self.reasoning_parser_name is None:
-            return None
-        try:
-            key = json.dumps(kwargs or {}, sort_keys=True, default=str)
-        except (TypeError, ValueError, RecursionError) as e:
-            # from the wire: a nested mapping with keys of mixed types, or nesting too deep
-            raise ReasoningError(
-                f"reasoning_parser_kwargs must be JSON-like, with string keys: {e}"
-            ) from None
-        parser = self._parsers.get(key)
-        if parser is None:
-            parser = create_reasoning_parser(self.reasoning_parser_name, self.tokenizer, kwargs)
-            self._parsers[key] = parser
-            if len(self._parsers) > 256:
-                self._parsers.popitem(last=False)
-        else:
-            self._parsers.move_to_end(key)
-        return parser
+        """The engine's reasoning parser built with a request's chat-template kwargs,
+        from the same kind of cache the front end builds its own from
+        (`reasoning.ParserCache`); raises `ReasoningError` for kwargs it cannot use."""
+        return self._parsers.get(kwargs) if self._parsers is not None else None
 
     def submit(self, spec: GrammarSpec) -> Future[xgr.CompiledGrammar]:
         return self.compiler.submit(spec)
@@ -124,36 +118,40 @@ class StructuredOutputManager:
     ) -> RequestGuide | None:
         """The guide of one request, or None when it needs none (no grammar, and no
         reasoning to track)."""
-        import xgrammar as xgr
-
         parser = self.parser_for(reasoning_kwargs) if reasoning_ended is not None else None
         tracker = parser.tracker(prompt_token_ids, reasoning_ended) if parser is not None else None
-        matcher = (
-            xgr.GrammarMatcher(grammar, override_stop_tokens=list(stop_token_ids))
-            if grammar is not None
-            else None
-        )
+        matcher = None
+        if grammar is not None:
+            matcher = GuardedMatcher(
+                grammar,
+                self.guard,
+                json_text=getattr(grammar, "json_text", False),
+                override_stop_tokens=stop_token_ids,
+            )
         if tracker is None and matcher is None:
             return None
-        separator = None
-        if parser is not None and parser.content_separator:
-            sep = parser.content_separator
-            separator = self._separators.get(sep)
-            if separator is None:
-                separator = self._separators[sep] = SeparatorTable(
-                    sep, self.tokenizer.all_token_bytes
-                )
         guide = RequestGuide(
             tracker,
             matcher,
-            separator=separator,
             implicit_end_ids=parser.implicit_end_ids if parser is not None else (),
             stop_token_ids=stop_token_ids,
             budget=reasoning_budget,
-            token_bytes=self.tokenizer.all_token_bytes,
         )
         self._guides.add(guide)
         return guide
+
+    @property
+    def tokenizer_info(self) -> xgr.TokenizerInfo:
+        return self._tokenizer_info.result()
+
+    @property
+    def guard(self) -> GuardTable:
+        """The guard table (`guard.py`), built in the background at start-up; the first
+        request with a grammar waits for it."""
+        table = self._guard.result()
+        if self.filler.guard is None:
+            self.filler.guard = table
+        return table
 
     @property
     def num_guides(self) -> int:
@@ -173,3 +171,23 @@ class StructuredOutputManager:
 
     def close(self) -> None:
         self.compiler.close()
+        self.filler.close()
+
+
+def _in_background(name: str, build: Callable[[], T]) -> Future[T]:
+    """``build()`` on a daemon thread; its result, or the error it raised, in a future.
+    How long it took is logged."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        try:
+            future.set_result(build())
+        except BaseException as e:  # handed to whoever waits for the result
+            log.error("%s failed: %s", name, e)
+            future.set_exception(e)
+        else:
+            log.info("%s ready in %.2f s (in the background)", name, time.perf_counter() - t0)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -31,10 +31,17 @@ class CompileOptions:
     """Engine-wide compile settings (part of the cache key)."""
 
     #: the most whitespace characters allowed in a row between JSON elements, so that
-    #: a sampler cannot loop on whitespace until max_tokens
-    max_whitespace: int = 16
+    #: a sampler cannot loop on whitespace until max_tokens (None: no bound). JSON text
+    #: is compiled unbounded and bounded by the guard (`guard.py`); free-text tags
+    #: carry the bound in their grammar (`whitespace.py`)
+    max_whitespace: int | None = 16
     #: the largest spec accepted, in bytes of its text
     max_spec_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.max_whitespace is not None and self.max_whitespace < 1:
+            # xgrammar refuses a bound of 0 in the grammars that carry it
+            raise ValueError("max_whitespace must be at least 1 (None: no bound)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +83,8 @@ def check_spec(spec: GrammarSpec, options: CompileOptions) -> None:
             value = json.loads(spec.value)
         except ValueError as e:
             raise GrammarError(f"{spec.kind.value} spec is not valid JSON: {e}") from None
+        except RecursionError:
+            raise GrammarError(f"{spec.kind.value} spec is nested too deeply") from None
         if spec.kind == SpecKind.JSON_SCHEMA and not isinstance(value, dict | bool):
             raise GrammarError("json_schema spec must be a JSON object (or a boolean)")
         if spec.kind == SpecKind.CHOICE and not (
@@ -88,6 +97,13 @@ def check_spec(spec: GrammarSpec, options: CompileOptions) -> None:
         raise GrammarError(f"{spec.kind.value} spec is empty")
 
 
+class Compiled(NamedTuple):
+    grammar: xgr.CompiledGrammar
+    #: everything it writes lexes as JSON text, so the guard bounds its whitespace
+    #: (`whitespace.json_text`)
+    json_text: bool
+
+
 def compile_spec(
     compiler: xgr.GrammarCompiler,
     spec: GrammarSpec,
@@ -98,6 +114,16 @@ def compile_spec(
 
     ``special_tokens`` (text -> id) are the vocabulary's sealed special tokens (see
     `vocab.py`): a structural tag's markers are bound and resolved against them."""
+    return compile_constraint(compiler, spec, options, special_tokens).grammar
+
+
+def compile_constraint(
+    compiler: xgr.GrammarCompiler,
+    spec: GrammarSpec,
+    options: CompileOptions,
+    special_tokens: Mapping[str, int] | None = None,
+) -> Compiled:
+    """`compile_spec`, and whether the result is JSON text."""
     check_spec(spec, options)
     from .json_schemas import normalize_spec
 
@@ -115,29 +141,35 @@ def _compile(
     spec: GrammarSpec,
     options: CompileOptions,
     special_tokens: Mapping[str, int],
-) -> xgr.CompiledGrammar:
-    ws = options.max_whitespace
+) -> Compiled:
+    # JSON is compiled with unbounded whitespace: the guard bounds it (see guard.py)
     if spec.kind == SpecKind.JSON_SCHEMA:
-        return compiler.compile_json_schema(spec.value, any_whitespace=True, max_whitespace_cnt=ws)
+        return Compiled(compiler.compile_json_schema(spec.value, any_whitespace=True), True)
     if spec.kind == SpecKind.JSON_OBJECT:
-        return compiler.compile_json_schema(
-            '{"type": "object"}', any_whitespace=True, max_whitespace_cnt=ws, strict_mode=False
+        grammar = compiler.compile_json_schema(
+            '{"type": "object"}', any_whitespace=True, strict_mode=False
         )
+        return Compiled(grammar, True)
     if spec.kind == SpecKind.REGEX:
-        return compiler.compile_regex(spec.value)
+        return Compiled(compiler.compile_regex(spec.value), False)
     if spec.kind == SpecKind.CHOICE:
         choices = json.loads(spec.value)
         fmt: dict[str, Any] = {
             "type": "or",
             "elements": [{"type": "const_string", "value": c} for c in choices],
         }
-        return compiler.compile_structural_tag({"type": "structural_tag", "format": fmt})
+        return Compiled(
+            compiler.compile_structural_tag({"type": "structural_tag", "format": fmt}), False
+        )
     if spec.kind == SpecKind.GRAMMAR:
-        return compiler.compile_grammar(spec.value)
+        return Compiled(compiler.compile_grammar(spec.value), False)
     if spec.kind == SpecKind.STRUCTURAL_TAG:
         from .structural_tags import prepare_structural_tag
+        from .whitespace import bound_in_grammar, json_text
 
-        return compiler.compile_structural_tag(
-            prepare_structural_tag(json.loads(spec.value), special_tokens)
-        )
+        tag = json.loads(prepare_structural_tag(json.loads(spec.value), special_tokens))
+        lexed = json_text(tag)
+        if not lexed:
+            tag = bound_in_grammar(tag, options.max_whitespace)
+        return Compiled(compiler.compile_structural_tag(json.dumps(tag)), lexed)
     raise GrammarError(f"unsupported structured-output kind {spec.kind!r}")

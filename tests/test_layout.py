@@ -1,5 +1,6 @@
 """The layout's rule: each folder imports only the folders below it in the table of
-DESIGN.md (tokenizers and the wire at the bottom), never one above."""
+DESIGN.md (the generic registry, tokenizers and the wire at the bottom), never one
+above."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = {
+    "registry",
     "tokenization",
     "ipc",
     "reasoning",
@@ -19,13 +21,16 @@ OURS = {
     "thinkgate",
     "bench",
 }
+#: importable by every package: it imports nothing of ours
+BOTTOM = {"registry"}
 ALLOWED = {
-    "tokenization": set(),
-    "ipc": set(),
-    "reasoning": {"tokenization"},
-    "structured_output": {"tokenization", "reasoning"},
-    "engine_core": {"tokenization", "ipc", "reasoning", "structured_output"},
-    "frontend": {"tokenization", "ipc", "reasoning", "structured_output", "engine_core"},
+    "registry": set(),
+    "tokenization": BOTTOM,
+    "ipc": BOTTOM,
+    "reasoning": BOTTOM | {"tokenization"},
+    "structured_output": BOTTOM | {"tokenization", "reasoning"},
+    "engine_core": BOTTOM | {"tokenization", "ipc", "reasoning", "structured_output"},
+    "frontend": BOTTOM | {"tokenization", "ipc", "reasoning", "structured_output", "engine_core"},
     "thinkgate": OURS - {"thinkgate"},
     "bench": OURS - {"bench"},
 }

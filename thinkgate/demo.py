@@ -1,4 +1,4 @@
-"""``thinkgate demo``: several chat requests through the front end and a spawned engine.
+"""thinkgate demo: several chat requests through the front end and a spawned engine.
 
 Nothing is downloaded. The engine runs the SCRIPTED model on the bundled Qwen3
 vocabulary: a script (embedded below, or ``--script FILE``) says what the model wants
@@ -21,10 +21,11 @@ from typing import Any
 
 from engine_core.client import EngineClient, EngineStartError
 from engine_core.config import EngineConfig
+from frontend.chunks import fold_chunks
 from frontend.config import ConfigError, FrontendConfig
 from frontend.protocol import ChatCompletion, ChatMessage, ErrorResponse, Usage
-from frontend.response import fold_chunks
 from frontend.serving import ChatFrontend
+from structured_output.config import StructuredOutputConfig
 
 
 def _think(text: str) -> str:
@@ -195,14 +196,25 @@ def _request_line(body: dict[str, Any]) -> str:
     return json.dumps(shown, ensure_ascii=False)
 
 
+def _arguments(text: str) -> str:
+    """A call's arguments as a client reads them: parsed, shown compact. Where the mask
+    repaired a call, the model may have written whitespace between JSON tokens (the
+    grammar allows a bounded run); that is layout, not arguments. Text that does not
+    parse (a call cut by max_tokens) is shown as it is."""
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False)
+    except ValueError:
+        return json.dumps(text, ensure_ascii=False)
+
+
 def _print_result(message: ChatMessage, finish: str | None, usage: Usage | None) -> None:
     print(f"  reasoning      {json.dumps(message.reasoning, ensure_ascii=False)}")
     print(f"  content        {json.dumps(message.content, ensure_ascii=False)}")
     if message.tool_calls:
         for i, c in enumerate(message.tool_calls):
             head = "  tool_calls    " if i == 0 else "                "
-            args = c.function.arguments.replace("\n", "\\n").replace("\t", "\\t")
-            print(f"{head} [{i}] {c.function.name} {args}  (id {c.id[:22]}...)")
+            print(f"{head} [{i}] {c.function.name} {_arguments(c.function.arguments)}  "
+                  f"(id {c.id[:22]}...)")  # fmt: skip
     else:
         print("  tool_calls     []")
     print(f"  finish_reason  {finish}")
@@ -245,6 +257,17 @@ async def _run_case(frontend: ChatFrontend, title: str, body: dict[str, Any], n:
     return True
 
 
+async def _still_starting(since: float) -> None:
+    """Say what the engine is doing while it starts (several seconds on a small CPU)."""
+    while True:
+        await asyncio.sleep(5)
+        print(
+            f"  ... the engine is still starting ({time.monotonic() - since:.0f} s): it imports "
+            "torch, loads the vocabulary and starts its grammar compile workers",
+            flush=True,
+        )
+
+
 async def _demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="thinkgate-demo-") as tmp:
@@ -261,17 +284,20 @@ async def _demo(args: argparse.Namespace) -> int:
         config = EngineConfig(
             model="scripted",
             tokenizer="qwen3",
-            script=script,
+            runner_options={"script": script},
             reasoning_parser="qwen3",
             device="cpu",
-            compile_workers=1,
+            structured_output=StructuredOutputConfig(compile_workers=1),
             log_level="WARNING",
         )
+        ticker = asyncio.ensure_future(_still_starting(started))
         try:
             client = await EngineClient.spawn(config)
         except EngineStartError as e:
             print(f"error: the engine did not start: {e}", file=sys.stderr)
             return 1
+        finally:
+            ticker.cancel()
         try:
             frontend = ChatFrontend.create(
                 client,
@@ -297,19 +323,12 @@ async def _demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="thinkgate demo", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--script",
-        default=None,
-        metavar="FILE",
-        help="a script file of your own (see engine_core/runners/scripted.py)",
-    )
-    parser.add_argument(
-        "--tool-parser-plugin",
-        default=None,
-        metavar="PATH",
-        help="module or .py file that registers more tool-call formats",
-    )
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """The demo with the flags of ``thinkgate demo`` (``script``, ``tool_parser_plugin``)."""
     return asyncio.run(_demo(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .cli import main as cli
+
+    return cli(["demo", *(argv or [])])

@@ -2,32 +2,35 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from registry import Registry
 
 from .base import ModelRunner, RunnerOptions, RunnerRow, closing_bias
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
 
-# name -> "module:Class"; any other --model value is a local Hugging Face directory.
-_RUNNERS: dict[str, str] = {
-    "random": "engine_core.runners.random_logits:RandomLogitsRunner",
-    "scripted": "engine_core.runners.scripted:ScriptedRunner",
-}
+# The built-in models; any other --model value is a local Hugging Face directory.
+RUNNERS: Registry[ModelRunner] = Registry(
+    "model runner",
+    ModelRunner,
+    {
+        "random": "engine_core.runners.random_logits:RandomLogitsRunner",
+        "scripted": "engine_core.runners.scripted:ScriptedRunner",
+    },
+)
 
 
 def runner_names() -> list[str]:
-    return sorted(_RUNNERS)
+    return RUNNERS.names()
 
 
 def create_runner(model: str, tokenizer: Tokenizer, options: RunnerOptions) -> ModelRunner:
     """The runner for ``--model``: a built-in name or a local model directory."""
-    target = _RUNNERS.get(model)
-    if target is not None:
-        module, _, cls = target.partition(":")
-        return getattr(importlib.import_module(module), cls)(tokenizer, options)
+    if model in RUNNERS:
+        return RUNNERS.get(model)(tokenizer, options)
     if Path(model).is_dir():
         from .hf import HFRunner
 
@@ -39,6 +42,7 @@ def create_runner(model: str, tokenizer: Tokenizer, options: RunnerOptions) -> M
 
 
 __all__ = [
+    "RUNNERS",
     "ModelRunner",
     "RunnerOptions",
     "RunnerRow",

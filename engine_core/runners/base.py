@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
+
+from ..options import read_options
 
 if TYPE_CHECKING:
     from tokenization import Tokenizer
@@ -24,30 +26,35 @@ class RunnerRow(Protocol):
     model_seed: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunnerOptions:
+    """What the engine tells every runner."""
+
     device: str = "cpu"
     seed: int = 0
     max_num_seqs: int = 256
-    #: a fixed cost added to every forward pass, in milliseconds (benchmarks)
-    forward_ms: float = 0.0
-    #: added to the logits of tokens that close strings, structures and markers, so
-    #: that a random model ends its outputs
-    closing_bias: float = 3.0
-    #: texts that end free text in the formats a test drives (a closing tag spelled
-    #: in ordinary tokens, say): a random model leans into writing them once begun
-    ending_texts: list[str] = field(default_factory=list)
-    script: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+    #: the runner's own options (``--runner-options``, JSON-like), read into an
+    #: instance of its `ModelRunner.Options` as ``runner.own``
+    own: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a runner that takes none."""
 
 
 class ModelRunner(ABC):
     """Logits for the next token of each row. ``forward`` runs on the engine's model
     thread, concurrently with the grammar work of the same step."""
 
+    #: the dataclass of this runner's own options (fields made with
+    #: `engine_core.options.option`); an unknown or mistyped one stops the start-up
+    Options: ClassVar[type] = NoOptions
+
     def __init__(self, tokenizer: Tokenizer, options: RunnerOptions) -> None:
         self.tokenizer = tokenizer
         self.options = options
+        self.own = read_options(self.Options, options.own, f"model runner {self.name}")
         self.device = torch.device(options.device)
         self.vocab_rows = tokenizer.vocab_rows
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..model_options import RandomOptions
 from .base import ModelRunner, RunnerOptions, RunnerRow, closing_bias
 
 #: distinct random logit rows the model draws from
@@ -37,11 +38,14 @@ class RandomLogitsRunner(ModelRunner):
     one, its next token a large one. Free text that ends only at a literal spelled in
     ordinary tokens (an XML closing tag) would otherwise almost never end."""
 
+    Options = RandomOptions
+    own: RandomOptions
+
     def __init__(self, tokenizer, options: RunnerOptions) -> None:
         super().__init__(tokenizer, options)
         rng = np.random.default_rng(options.seed)
         pool = rng.standard_normal((POOL_ROWS, self.vocab_rows), dtype=np.float32)
-        bias = closing_bias(tokenizer, options.closing_bias)
+        bias = closing_bias(tokenizer, self.own.closing_bias)
         pool += bias
         self._pool = torch.from_numpy(pool).to(self.device)
         self._is_closer = bias > 0
@@ -64,9 +68,9 @@ class RandomLogitsRunner(ModelRunner):
         )
         self._index = torch.empty(options.max_num_seqs, dtype=torch.int64)
         # for each ending text, the first token of each of its remainders
-        self._endings = [t.encode("utf-8") for t in options.ending_texts if t]
+        self._endings = [t.encode("utf-8") for t in self.own.ending_texts if t]
         self._next_of: dict[bytes, int] = {}
-        for text in options.ending_texts:
+        for text in self.own.ending_texts:
             for k in range(len(text)):
                 self._next_of.setdefault(text[k:].encode("utf-8"), tokenizer.encode(text[k:])[0])
         self._ending_starts = sorted({self._next_of[e] for e in self._endings})
@@ -82,15 +86,15 @@ class RandomLogitsRunner(ModelRunner):
         self._grow_impatient(rows, out)
         if self._endings:
             self._lean_to_endings(rows, out)
-        if self.options.forward_ms > 0:
-            time.sleep(self.options.forward_ms / 1000)
+        if self.own.forward_ms > 0:
+            time.sleep(self.own.forward_ms / 1000)
         return out
 
     def remove(self, row: RunnerRow) -> None:
         self._since.pop(row.request_id, None)
 
     def _grow_impatient(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
-        if self.options.closing_bias <= 0 or not len(self._closers):
+        if self.own.closing_bias <= 0 or not len(self._closers):
             return
         is_closer, is_special = self._is_closer, self._is_special
         for i, r in enumerate(rows):
@@ -104,12 +108,12 @@ class RandomLogitsRunner(ModelRunner):
                 st[3] = st[3] + self._digits[t] if self._digits[t] else 0
             st[0] = len(ids)
             if st[3] > MAX_DIGITS and len(self._digit_tokens):
-                cut = -self.options.closing_bias * (st[3] - MAX_DIGITS)
+                cut = -self.own.closing_bias * (st[3] - MAX_DIGITS)
                 d = self._digit_tokens
                 out[i].index_add_(0, d, torch.full_like(d, cut, dtype=out.dtype))
             for since, which in ((st[1], self._closers), (st[2], self._special_closers)):
                 if since > PATIENCE and len(which):
-                    extra = self.options.closing_bias * (since - PATIENCE) / PATIENCE
+                    extra = self.own.closing_bias * (since - PATIENCE) / PATIENCE
                     out[i].index_add_(0, which, torch.full_like(which, extra, dtype=out.dtype))
 
     def _lean_to_endings(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
@@ -142,7 +146,7 @@ PATIENCE = 16
 #: digits in a row before digit tokens are penalised
 MAX_DIGITS = 8
 
-#: logit boosts towards `RunnerOptions.ending_texts`
+#: logit boosts towards `RandomOptions.ending_texts`
 ENDING_START_BIAS = 4.0
 ENDING_CONTINUE_BIAS = 14.0
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..model_options import ScriptedOptions
 from .base import ModelRunner, RunnerOptions, RunnerRow, closing_bias
 from .random_logits import POOL_ROWS, _mix
 
@@ -26,13 +27,16 @@ SCRIPT_BONUS = 40.0
 
 
 class ScriptedRunner(ModelRunner):
+    Options = ScriptedOptions
+    own: ScriptedOptions
+
     def __init__(self, tokenizer, options: RunnerOptions) -> None:
         super().__init__(tokenizer, options)
         script = {"rules": [], "default": ""}
-        if options.script:
-            path = Path(options.script)
+        if self.own.script:
+            path = Path(self.own.script)
             if not path.is_file():
-                raise FileNotFoundError(f"script file {options.script!r} does not exist")
+                raise FileNotFoundError(f"script file {self.own.script!r} does not exist")
             script = json.loads(path.read_text(encoding="utf-8"))
         self._rules = [
             (str(r["match"]), tokenizer.encode(str(r["output"]))) for r in script.get("rules", [])
@@ -43,7 +47,7 @@ class ScriptedRunner(ModelRunner):
         self._eos = tokenizer.eos_token_id
         rng = np.random.default_rng(options.seed)
         pool = rng.standard_normal((POOL_ROWS, self.vocab_rows), dtype=np.float32)
-        pool += closing_bias(tokenizer, options.closing_bias)
+        pool += closing_bias(tokenizer, self.own.closing_bias)
         self._pool = torch.from_numpy(pool).to(self.device)
         self._out = torch.empty(
             (options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device
@@ -78,6 +82,6 @@ class ScriptedRunner(ModelRunner):
         out[torch.arange(n, device=self.device), torch.tensor(want, device=self.device)] += (
             SCRIPT_BONUS
         )
-        if self.options.forward_ms > 0:
-            time.sleep(self.options.forward_ms / 1000)
+        if self.own.forward_ms > 0:
+            time.sleep(self.own.forward_ms / 1000)
         return out

@@ -2,9 +2,10 @@
 
 from .base import (
     FunctionTool,
+    Markup,
+    ParsedCall,
     ParsedOutput,
     StreamDelta,
-    ToolCall,
     ToolCallDelta,
     ToolCallParser,
     ToolFormat,
@@ -14,6 +15,7 @@ from .base import (
 )
 from .json_schema import JsonSchemaToolFormat
 from .registry import (
+    TOOL_FORMATS,
     create_tool_format,
     get_tool_format_class,
     register_tool_format,
@@ -21,11 +23,13 @@ from .registry import (
 )
 
 __all__ = [
+    "TOOL_FORMATS",
     "FunctionTool",
     "JsonSchemaToolFormat",
+    "Markup",
+    "ParsedCall",
     "ParsedOutput",
     "StreamDelta",
-    "ToolCall",
     "ToolCallDelta",
     "ToolCallParser",
     "ToolFormat",

@@ -43,11 +43,25 @@ class FunctionTool:
 
 
 @dataclass(slots=True)
-class ToolCall:
+class ParsedCall:
+    """One call read back from an output (the wire form is `frontend.protocol.ToolCall`)."""
+
     id: str
     name: str
     #: the arguments as JSON text
     arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Markup:
+    """The fixed texts of a family's call syntax, read off its description: what a
+    model writes around and between the names and arguments of its calls."""
+
+    #: every fixed text: markers, tags, the punctuation of the call syntax
+    texts: tuple[str, ...]
+    #: what the constraint writes between two calls ("" when nothing, or one call per
+    #: output)
+    separator: str = ""
 
 
 @dataclass(slots=True)
@@ -73,7 +87,7 @@ class StreamDelta:
 @dataclass(slots=True)
 class ParsedOutput:
     content: str | None
-    tool_calls: list[ToolCall]
+    tool_calls: list[ParsedCall]
 
 
 def default_call_id() -> str:
@@ -82,7 +96,8 @@ def default_call_id() -> str:
 
 class ToolCallParser(ABC):
     """Reads one output's content text, incrementally. Per-call work is proportional
-    to the new text; only an unresolved tail (a partial marker) is held back."""
+    to the new text; only what is unresolved is held back (a partial marker, a call
+    not yet complete: a call comes out whole, once it is known to be one)."""
 
     def __init__(
         self, fmt: ToolFormat, tools: Sequence[FunctionTool], *, named: str | None = None
@@ -108,12 +123,17 @@ class ToolCallParser(ABC):
 class ToolFormat(ABC):
     """One family's tool-call syntax, bound to a tokenizer."""
 
-    #: the registry name (``--tool-call-parser``); set by the registry
-    name: ClassVar[str] = ""
+    #: the name messages give the format: the registry name it was created under
+    #: (`create_tool_format` passes it), else this class default, else the class name
+    name: str = ""
     #: markers that must each be one special token of the vocabulary
     special_markers: ClassVar[tuple[str, ...]] = ()
+    #: the family wraps every answer in its own syntax (Harmony's channels): its parser
+    #: must read every answer, calls or not, to take the content out of the framing
+    frames_answers: ClassVar[bool] = False
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, name: str | None = None) -> None:
+        self.name = name or self.name or type(self).__name__
         self.tokenizer = tokenizer
         missing = [m for m in self.special_markers if m not in tokenizer.special_tokens]
         if missing:
@@ -147,6 +167,12 @@ class ToolFormat(ABC):
         deltas = [parser.push(text), parser.finish()]
         return collect(deltas)
 
+    @property
+    def markup(self) -> Markup:
+        """The fixed texts of this family's syntax (its special markers, unless the
+        family describes more)."""
+        return Markup(self.special_markers)
+
     def response_constraint(self, spec: GrammarSpec) -> GrammarSpec:
         """The grammar for a ``response_format`` answer in this family's syntax: ``spec``
         itself, unless the family wraps its answers (Harmony's final channel)."""
@@ -156,13 +182,13 @@ class ToolFormat(ABC):
 def collect(deltas: Sequence[StreamDelta]) -> ParsedOutput:
     """Fold stream deltas into the whole-output form."""
     content: list[str] = []
-    calls: dict[int, ToolCall] = {}
+    calls: dict[int, ParsedCall] = {}
     for d in deltas:
         content.append(d.content)
         for c in d.tool_calls:
             call = calls.get(c.index)
             if call is None:
-                call = calls[c.index] = ToolCall(id=c.id or "", name=c.name or "", arguments="")
+                call = calls[c.index] = ParsedCall(id=c.id or "", name=c.name or "", arguments="")
             call.arguments += c.arguments
     text = "".join(content)
     return ParsedOutput(content=text or None, tool_calls=[calls[i] for i in sorted(calls)])

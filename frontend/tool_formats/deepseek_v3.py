@@ -9,14 +9,17 @@
     {"tz": "CET"}
     ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
-Constraint: one section holding the calls, ``\\n`` between calls. Parser:
-whitespace around the fence is free; a call without its closing fence or end marker
-ends where its JSON ends.
+`SYNTAX` is the one description. Constraint: one section holding the calls, ``\\n``
+between calls. Parser (`marked_calls.MarkedCallParser`): whitespace is free around
+the markers, the name and the fence, and the fence's newlines may be missing
+(``get_weather```json{...}```); a name whose line breaks without the fence goes
+straight on to the JSON; a call counts once its JSON object is complete, so its
+closing fence and end marker may be missing.
 """
 
 from __future__ import annotations
 
-from .marked_calls import CallSyntax, JsonArgumentsFormat, MarkedCallParser, Template
+from .marked_calls import CallSyntax, JsonArgumentsFormat, Template
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -26,15 +29,11 @@ SEP = "<｜tool▁sep｜>"
 SYNTAX = CallSyntax(
     call_begin=CALL_BEGIN,
     call_end=CALL_END,
-    header=Template(f"function{SEP}{{name}}\n```json\n"),
+    header=Template(f"function{SEP}{{name}}\n```json\n", markers=(SEP,)),
     section=(CALLS_BEGIN, CALLS_END),
     tail=("\n```",),
     separator="\n",
 )
-
-
-class DeepSeekV3Parser(MarkedCallParser):
-    syntax = SYNTAX
 
 
 class DeepSeekV3ToolFormat(JsonArgumentsFormat):
@@ -42,4 +41,3 @@ class DeepSeekV3ToolFormat(JsonArgumentsFormat):
     syntax = SYNTAX
     #: every DeepSeek marker holds the fullwidth bar
     marker_covers = ("｜",)
-    parser_class = DeepSeekV3Parser

@@ -6,15 +6,20 @@
     </tool_call>
 
 GLM-4.7 writes the same without the newlines, which the parser reads too (the name
-ends at whitespace or ``<``). Values are raw text read by the tool's schema
-(`xml_params`), verbatim. Calls are separated by ``\\n`` in the constraint.
+ends at whitespace or ``<``, `marked_calls.Template`). Values are raw text read by
+the tool's schema (`xml_params`), verbatim. `SYNTAX` and `PARAMS` are the one
+description; calls are separated by ``\\n`` in the constraint.
+
+Parser: whitespace between tags is free; it recovers a missing ``</arg_key>`` or
+``<arg_value>``, a value without ``</arg_value>`` (it ends at the next ``<arg_key>``
+or a call marker) and a call without ``</tool_call>``. Content: a call whose name is
+no tool of the request, and a call the output ends inside a value of.
 """
 
 from __future__ import annotations
 
-from .json_text import Incomplete, NoMatch
 from .marked_calls import CallSyntax, Template
-from .xml_params import ParamSyntax, XmlArgumentsFormat, XmlParamsParser
+from .xml_params import ParamSyntax, XmlArgumentsFormat
 
 CALL_BEGIN = "<tool_call>"
 CALL_END = "</tool_call>"
@@ -26,31 +31,17 @@ SYNTAX = CallSyntax(
     call_begin=CALL_BEGIN, call_end=CALL_END, header=Template("{name}\n"), separator="\n"
 )
 PARAMS = ParamSyntax(
-    key_begin=KEY_BEGIN, key_end=KEY_END, gap="\n", value_begin=VALUE_BEGIN, value_end=VALUE_END
+    key_begin=KEY_BEGIN,
+    key_end=KEY_END,
+    gap="\n",
+    value_begin=VALUE_BEGIN,
+    value_end=VALUE_END,
+    key_forbidden="<\n",
 )
-_NAME_END = ("<", " ", "\t", "\r", "\n")
-
-
-class Glm45Parser(XmlParamsParser):
-    syntax = SYNTAX
-    params = PARAMS
-
-    def read_header(self, text: str, i: int) -> tuple[int, str, str | None]:
-        while i < len(text) and text[i].isspace():
-            i += 1
-        ends = [j for c in _NAME_END if (j := text.find(c, i)) >= 0]
-        if not ends:
-            raise Incomplete
-        j = min(ends)
-        if j == i:
-            raise NoMatch
-        return j, text[i:j], None
 
 
 class Glm45ToolFormat(XmlArgumentsFormat):
     special_markers = (CALL_BEGIN, CALL_END, KEY_BEGIN, KEY_END, VALUE_BEGIN, VALUE_END)
     syntax = SYNTAX
     params = PARAMS
-    parser_class = Glm45Parser
-    key_forbidden = "<\n"
     nested_covers = ("_call>",)

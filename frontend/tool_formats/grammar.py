@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from structured_output import CompileOptions, GrammarSpec, SpecKind
+from structured_output import GrammarSpec, SpecKind
 
 from .base import FunctionTool, ToolFormatError
 
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 
 Format = dict[str, Any]
 
-#: the most whitespace characters in a row inside JSON values, as for json_schema specs
-MAX_WHITESPACE = CompileOptions().max_whitespace
 #: characters a character class of text keeps out (a regex class body): controls, and
 #: surrogates, whose UTF-8 encodings xgrammar would otherwise admit but no decoder
 #: reads (they come out as U+FFFD, one per byte)
@@ -144,13 +142,10 @@ def _bound_lengths(schema: Any, free: FreeText) -> Any:
 
 
 def json_value(schema: Any, free: FreeText) -> Format:
-    """A JSON value of ``schema``: whitespace bounded by `MAX_WHITESPACE`, no marker in
-    its strings or property names."""
-    fmt: Format = {
-        "type": "json_schema",
-        "json_schema": _bound_lengths(schema, free),
-        "max_whitespace_cnt": MAX_WHITESPACE,
-    }
+    """A JSON value of ``schema``, no marker in its strings or property names. Its
+    whitespace is bounded by the engine, as for every constraint (the engine's
+    ``max_whitespace``; see `structured_output.guard`)."""
+    fmt: Format = {"type": "json_schema", "json_schema": _bound_lengths(schema, free)}
     if free.excludes:
         fmt["excludes"] = list(free.excludes)
     return fmt

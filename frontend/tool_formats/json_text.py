@@ -165,14 +165,31 @@ def _number(text: str) -> int:
     return 0
 
 
+def _strict(text: str) -> Any:
+    """``text`` as standard JSON (no NaN or Infinity; numbers of any size, read as 0).
+    Raises ValueError, also for nesting too deep for the decoder."""
+    try:
+        return json.loads(text, parse_float=_number, parse_int=_number, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
 def is_json(text: str) -> bool:
     """Whether ``text`` is one JSON value (standard JSON: no NaN or Infinity; numbers
     of any size)."""
     try:
-        json.loads(text, parse_float=_number, parse_int=_number, parse_constant=_no_constant)
+        _strict(text)
     except ValueError:
         return False
     return True
+
+
+def is_json_object(text: str) -> bool:
+    """Whether ``text`` is one JSON object (as `is_json` reads JSON)."""
+    try:
+        return isinstance(_strict(text), dict)
+    except ValueError:
+        return False
 
 
 def dumps(value: Any) -> str:

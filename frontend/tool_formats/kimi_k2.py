@@ -2,8 +2,15 @@
 
     <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"tz": "CET"}<|tool_call_end|><|tool_calls_section_end|>
 
-The constraint lets N be any index up to four digits (the model counts calls across
-the conversation, which the grammar cannot know).
+`SYNTAX` is the one description. The constraint lets N be any index up to four
+digits (the model counts calls across the conversation, which the grammar cannot
+know).
+
+Parser: whitespace is free around every marker and around ``NAME`` and ``N`` in the
+call id (section markers are never content); a call counts once its JSON object is
+complete, so its ``<|tool_call_end|>`` may be missing. Content: a call whose id does
+not read as ``functions.NAME:N`` with NAME a tool of the request, or whose arguments
+are cut short or not an object.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -25,8 +32,6 @@ SYNTAX = CallSyntax(
 
 
 class KimiK2Parser(MarkedCallParser):
-    syntax = SYNTAX
-
     def read_header(self, text: str, i: int) -> tuple[int, str, str | None]:
         end, fields = SYNTAX.header.read(text, i)  # type: ignore[union-attr]
         name = fields["name"]

@@ -2,14 +2,16 @@
 
     <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {"tz": "CET"}}
 
-Calls are recognised only at the start of the output (after whitespace), with or
-without ``<|python_tag|>``; ``parameters`` or ``arguments`` is accepted. An output
-that does not start with a call object is all content; text after the last call is
-content.
-
 Constraint: an optional ``<|python_tag|>`` (Llama 3.1's JSON tool calling writes
-none), then call objects separated by ``"; "``. The objects are ONE JSON schema over all
+none), then `CALLS`: call objects separated by ``"; "``, ONE JSON schema over all
 offered tools (`call_objects.call_object_schema`).
+
+Parser (`CALLS` too): calls are recognised only at the start of the output (after
+whitespace), with or without ``<|python_tag|>``; ``parameters`` or ``arguments`` is
+accepted; objects are separated by ``;`` or by whitespace alone (one call per line).
+Reading stops at the first object that is not a call (an unknown name, arguments
+that are not a complete JSON object): that object and everything after it is
+content. An output that does not open with a call is all content, its tag included.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -18,33 +20,14 @@ from collections.abc import Sequence
 
 from structured_output import GrammarSpec
 
-from .base import FunctionTool, ToolCallParser, ToolFormat
-from .call_objects import (
-    JSON_NAME_SYNTAX,
-    CallObjectsParser,
-    call_object_schema,
-    json_name_ok,
-    read_object_header,
-)
-from .grammar import (
-    FreeText,
-    const,
-    json_value,
-    optional,
-    repeated,
-    select_tools,
-    seq,
-    structural_tag,
-    token,
-)
-from .json_text import Incomplete, NoMatch
-from .scanning import Markers
+from .base import FunctionTool, Markup, ToolCallParser, ToolFormat
+from .call_objects import JSON_NAME_SYNTAX, CallList, CallObjectsParser, json_name_ok
+from .grammar import FreeText, optional, select_tools, seq, structural_tag, token
+from .json_text import Incomplete
+from .scanning import MarkerSet
 
 PYTHON_TAG = "<|python_tag|>"
-SEPARATOR = ";"
-#: what the constraint writes between calls
-WRITTEN_SEPARATOR = "; "
-ARGS_KEY = "parameters"
+CALLS = CallList(args_key="parameters", separator="; ", bare_separator=True)
 
 
 class Llama3JsonToolFormat(ToolFormat):
@@ -55,9 +38,7 @@ class Llama3JsonToolFormat(ToolFormat):
     ) -> GrammarSpec:
         chosen = select_tools(self.name, tools, named, json_name_ok, JSON_NAME_SYNTAX)
         free = FreeText.build(self.tokenizer, self.special_markers)
-        call = json_value(call_object_schema(chosen, ARGS_KEY), free)
-        many = parallel and named is None
-        calls = repeated(call, separator=const(WRITTEN_SEPARATOR), parallel=many)
+        calls = CALLS.grammar(chosen, free, many=parallel and named is None)
         return structural_tag(seq(optional(token(PYTHON_TAG)), calls))
 
     def new_parser(
@@ -65,16 +46,18 @@ class Llama3JsonToolFormat(ToolFormat):
     ) -> ToolCallParser:
         return Llama3JsonParser(self, tools, named=named)
 
+    @property
+    def markup(self) -> Markup:
+        return Markup((PYTHON_TAG, *CALLS.markup), CALLS.separator)
+
 
 class Llama3JsonParser(CallObjectsParser):
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._tag = Markers([PYTHON_TAG])
+    _tag = MarkerSet([PYTHON_TAG])
 
     def _start(self) -> bool:
         """Decide, without consuming anything, whether the output opens with a call."""
         buf = self._buf
-        pos = self._pos
+        start = pos = self._pos
         while pos < len(buf) and buf[pos].isspace():
             pos += 1
         if buf.startswith(PYTHON_TAG, pos):
@@ -82,14 +65,11 @@ class Llama3JsonParser(CallObjectsParser):
         elif not self._final and (pos == len(buf) or self._tag.may_start(buf, pos)):
             return False
         try:
-            self._header_at(read_object_header, pos)
+            at = self._objects_ahead(CALLS, pos)
         except Incomplete:
             return False
-        except NoMatch:
+        if at is None:
             self._state = self._rest_is_content
             return True
-        self._pos = pos
-        self._read_objects(
-            separator=SEPARATOR, closer=None, cut=self._tag, then=self._rest_is_content
-        )
+        self._read_objects(CALLS, start=start, at=at, cut=self._tag, then=self._rest_is_content)
         return True

@@ -2,18 +2,26 @@
 
     [SECTION_BEGIN] CALL_BEGIN header ARGUMENTS tail CALL_END ... [SECTION_END]
 
-A family describes its shape once as a `CallSyntax` (markers, and a `Template` for
-the header between CALL_BEGIN and the arguments); `MarkedCallParser` reads any text
-with it, and the family's constraint writes the same template.
+A family describes its shape once as a `CallSyntax` (markers, and a header: a
+`Template` such as ``function<｜tool▁sep｜>{name}`` before JSON arguments, or a
+`CallObject`, ``{"name": NAME, "arguments": ARGUMENTS}``); `MarkedCallParser` reads
+any text with it, and the family's constraint writes the same description.
 
-How the parser reads what is not a well-formed call:
+How the parser reads what is not a well-formed call (see `scanning` for when a call
+counts):
 
-- text outside calls is content (whitespace next to a call is dropped);
-- a header that does not match: the CALL_BEGIN marker and what follows are content;
+- text outside calls is content (whitespace next to a call is dropped); section
+  markers are markup, never content;
+- whitespace is free around every special marker, around the header's fields and
+  wherever the header has whitespace; a header whose closing text ends its line may
+  stop at the end of the line (``<function=f`` newline);
+- a header that does not match, or names no tool of the request: the CALL_BEGIN
+  marker is content, and what follows is read again;
+- a call counts once its arguments are complete and valid; what follows them (the
+  tail, CALL_END) may be missing: anything unexpected there is read again as content;
 - arguments cut short by a marker (CALL_END, the next CALL_BEGIN, SECTION_END) or by
-  the end of the output end the call there: its arguments text is what was written;
-- anything unexpected between the arguments and CALL_END ends the call and is read
-  again as content.
+  the end of the output: not a call, its text is content, and the marker is read
+  again.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from typing import ClassVar
 
 from structured_output import GrammarSpec
 
-from .base import FunctionTool, ToolCallParser, ToolFormat
+from .base import FunctionTool, Markup, ToolCallParser, ToolFormat
+from .call_objects import CALL_OBJECT_MARKUP, call_object_schema, read_object_header
 from .grammar import (
     API_NAME_SYNTAX,
     Format,
@@ -42,11 +51,21 @@ from .grammar import (
     structural_tag,
 )
 from .json_text import Incomplete, NoMatch
-from .scanning import Markers, ScanParser
+from .scanning import MarkerSet, ScanParser
 
 _FIELD = re.compile(r"\{(name|index)\}")
 #: what a call index may be, in text and in the constraint
 INDEX_PATTERN = r"(0|[1-9][0-9]{0,3})"
+_WS = " \t\r\n"
+#: characters no field holds: whitespace and the punctuation of markup (a name such
+#: as ``get_weather`` ends before ``>``, ``<``, ``:``, a backtick...)
+FIELD_STOPS = frozenset(_WS + "<>[]{}()\"'`:=|,;")
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS:
+        i += 1
+    return i
 
 
 @dataclass(frozen=True)
@@ -54,13 +73,18 @@ class Template:
     """A header such as ``function<｜tool▁sep｜>{name}\\n```json\\n``: literal text with
     ``{name}`` (and ``{index}``) fields, each followed by literal text.
 
-    Reading is lenient about whitespace only: a whitespace run in the template
-    matches any whitespace run (or none) in the text. A field ends before the first
-    character that can start the literal after it (any whitespace, if that literal
-    starts with whitespace)."""
+    Reading is lenient about whitespace: a whitespace run in the template matches
+    any whitespace run (or none) in the text, and whitespace is free at the start,
+    around each field and around each of ``markers`` (the special tokens inside the
+    template). A field ends before whitespace or markup punctuation (`FIELD_STOPS`).
+    When the template ends with a line break after its last field, a text that breaks
+    the line right after that field and then goes on with something else ends the
+    header there (a model that left out ``<function=f``'s ``>``)."""
 
     text: str
+    markers: tuple[str, ...] = ()
     pieces: tuple[str, ...] = field(init=False)
+    _atoms: tuple[tuple[str, ...], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         pieces = tuple(_FIELD.split(self.text))
@@ -68,43 +92,62 @@ class Template:
             if not pieces[k + 1]:
                 raise ValueError(f"template field {{{pieces[k]}}} must be followed by text")
         object.__setattr__(self, "pieces", pieces)
+        split = re.compile(
+            "(" + "|".join([r"\s+", *map(re.escape, sorted(self.markers, key=len)[::-1])]) + ")"
+        )
+        atoms = []
+        for k, piece in enumerate(pieces):
+            text = piece.rstrip() if k == len(pieces) - 1 else piece
+            atoms.append(tuple(a for a in split.split(text) if a) if k % 2 == 0 else ())
+        object.__setattr__(self, "_atoms", tuple(atoms))
 
-    def stop_chars(self, field_name: str) -> str:
-        """The characters a field's value cannot contain."""
-        k = self.pieces.index(field_name)
-        nxt = self.pieces[k + 1]
-        return " \t\r\n" if nxt[0].isspace() else nxt[0]
+    @property
+    def literals(self) -> tuple[str, ...]:
+        """The template's fixed texts, split at whitespace and markers."""
+        return tuple(a for atoms in self._atoms for a in atoms if not a.isspace())
+
+    def _line_closes(self) -> bool:
+        last = self.pieces[-1]
+        return len(self.pieces) > 1 and last.endswith("\n") and bool(last.strip())
 
     def read(self, text: str, i: int) -> tuple[int, dict[str, str]]:
         """The header at ``i``: the index past it and its fields. Raises `Incomplete`
         or `NoMatch`."""
         fields: dict[str, str] = {}
         n = len(text)
+        i = _skip_ws(text, i)
+        broke_line = False
         last = len(self.pieces) - 1
         for k, piece in enumerate(self.pieces):
-            if k % 2 == 0:
-                # Whitespace closing the header is left to the arguments' reader.
-                for ch in piece.rstrip() if k == last else piece:
-                    if ch.isspace():
-                        while i < n and text[i].isspace():
-                            i += 1
-                    elif i == n:
-                        raise Incomplete
-                    elif text[i] != ch:
-                        raise NoMatch
-                    else:
-                        i += 1
-            else:
-                stops = self.stop_chars(piece)
-                j = i
-                while j < n and text[j] not in stops:
+            if k % 2:
+                j = i = _skip_ws(text, i)
+                while j < n and text[j] not in FIELD_STOPS:
                     j += 1
                 if j == n:
                     raise Incomplete
                 if j == i:
                     raise NoMatch
                 fields[piece] = text[i:j]
-                i = j
+                i = _skip_ws(text, j)
+                broke_line = "\n" in text[j:i]
+                continue
+            for atom in self._atoms[k]:
+                if atom.isspace():
+                    i = _skip_ws(text, i)
+                    continue
+                marker = atom in self.markers
+                if marker:
+                    i = _skip_ws(text, i)
+                got = text[i : i + len(atom)]
+                if got != atom:
+                    if atom.startswith(got) and i + len(got) == n:
+                        raise Incomplete
+                    if k == last and k and broke_line and self._line_closes():
+                        return i, fields
+                    raise NoMatch
+                i += len(atom)
+                if marker and k != last:
+                    i = _skip_ws(text, i)
         return i, fields
 
     def grammar(self, markers: Sequence[str], *, name: str) -> Format:
@@ -121,6 +164,26 @@ class Template:
 
 
 @dataclass(frozen=True)
+class CallObject:
+    """A header that opens a JSON call object, ``{"name": NAME, "arguments": ``: the
+    arguments are that object's value and its ``}`` follows them. The constraint
+    writes ``lead`` and then the whole object as ONE JSON schema over every offered
+    tool (`call_objects.call_object_schema`), so that keeping markers out of its
+    strings is compiled once, not once per tool. The parser reads ``"arguments"`` or
+    ``"parameters"``; the name must come first."""
+
+    #: the arguments key the constraint writes
+    args_key: str = "arguments"
+    #: text the constraint writes before the object (the parser skips whitespace)
+    lead: str = ""
+    closer: ClassVar[str] = "}"
+
+    def read(self, text: str, i: int) -> tuple[int, dict[str, str]]:
+        end, name = read_object_header(text, i)
+        return end, {"name": name}
+
+
+@dataclass(frozen=True)
 class CallSyntax:
     """One family's call shape (see the module docstring)."""
 
@@ -128,7 +191,7 @@ class CallSyntax:
     #: None: a call ends where its arguments end
     call_end: str | None
     #: None: the family reads its header itself (`MarkedCallParser.read_header`)
-    header: Template | None = None
+    header: Template | CallObject | None = None
     #: the text opening and closing the calls' section, as the constraint writes it;
     #: its markers are that text without surrounding whitespace
     section: tuple[str, str] | None = None
@@ -154,24 +217,41 @@ class CallSyntax:
             return None
         return (self.section[0].strip(), self.section[1].strip())
 
+    @property
+    def closers(self) -> tuple[str, ...]:
+        """What the parser expects after the arguments, before ``call_end``."""
+        closer = (self.header.closer,) if isinstance(self.header, CallObject) else ()
+        return tuple(p for p in (*closer, *(t.strip() for t in self.tail)) if p)
+
+    @property
+    def markup(self) -> tuple[str, ...]:
+        """Every fixed text of the syntax."""
+        header: tuple[str, ...] = ()
+        if isinstance(self.header, Template):
+            header = self.header.literals
+        elif isinstance(self.header, CallObject):
+            header = CALL_OBJECT_MARKUP
+        texts = (*self.markers, *header, *self.closers, self.separator.strip())
+        return tuple(dict.fromkeys(t for t in texts if t))
+
 
 class MarkedCallParser(ScanParser):
-    """Reads `CallSyntax` calls whose arguments are one JSON value; families with
-    other arguments override `_arguments`."""
-
-    syntax: ClassVar[CallSyntax]
+    """Reads calls in the `CallSyntax` of its format (``fmt.syntax``) whose arguments
+    are one JSON value; families with other arguments override `_arguments`."""
 
     def __init__(
         self, fmt: ToolFormat, tools: Sequence[FunctionTool], *, named: str | None = None
     ) -> None:
         super().__init__(fmt, tools, named=named)
-        syn = self.syntax
+        syn: CallSyntax = fmt.syntax  # type: ignore[attr-defined]
+        self.syntax = syn
         section = syn.section_markers
-        self._opening = Markers([section[0] if section else syn.call_begin])
+        self._opening = MarkerSet([section[0] if section else syn.call_begin])
         inner = [syn.call_begin] + ([section[1]] if section else [])
-        self._inner = Markers(inner)
+        self._inner = MarkerSet(inner)
         #: markers that end a call's arguments wherever they appear
-        self._cut = Markers(syn.markers)
+        self._cut = MarkerSet(syn.markers)
+        self._closers = syn.closers
         self._tail_step = 0
         #: in a section, nothing but whitespace since its opening or the last call
         self._fresh = False
@@ -188,8 +268,12 @@ class MarkedCallParser(ScanParser):
         self._content(text)
         if marker is None:
             return self._pos != pos
-        self._state = self._in_section if self.syntax.section else self._header
-        self._fresh = True
+        if self.syntax.section:
+            self._state = self._in_section
+            self._fresh = True
+        else:
+            self._begin_call(self._pos - len(marker))
+            self._state = self._header
         return True
 
     def _in_section(self) -> bool:
@@ -202,6 +286,7 @@ class MarkedCallParser(ScanParser):
             self._fresh = not text
         self._content(text)
         if marker == self.syntax.call_begin:
+            self._begin_call(self._pos - len(marker))
             self._state = self._header
         elif marker is not None:
             self._state = self._outside
@@ -214,14 +299,11 @@ class MarkedCallParser(ScanParser):
             return False
         except NoMatch:
             return self._not_a_call()
+        if not self._name_call(name, call_id):
+            return self._not_a_call()
         self._pos += end
-        self._open_call(name, call_id)
         self._state = self._arguments
         return True
-
-    def _close_call(self) -> None:
-        super()._close_call()
-        self._fresh = True
 
     def read_header(self, text: str, i: int) -> tuple[int, str, str | None]:
         """The header at ``i``: the index where the arguments begin, the name, and the
@@ -233,54 +315,64 @@ class MarkedCallParser(ScanParser):
         return end, fields["name"], None
 
     def _not_a_call(self) -> bool:
-        self._content(self.syntax.call_begin)
+        """What was read of the call so far (its marker at least) is content; what
+        follows is read again."""
+        self._fail_call()
         self._state = self._between
         return True
 
     def _json_arguments(self) -> bool:
         pos = self._pos
-        ended = self._stream_json(self._cut)
+        ended = self._read_json(self._cut)
         if ended is None:
             return self._pos != pos
-        self._end_arguments()
+        if not ended:
+            return self._not_a_call()
+        if self._end_call():
+            self._after_arguments()
+        else:
+            self._state = self._between
         return True
 
-    def _end_arguments(self) -> None:
+    def _after_arguments(self) -> None:
+        """The call came out: read its closers and end marker, if any."""
         self._tail_step = 0
         if self.syntax.call_end is None:
-            self._close_call()
-            self._state = self._between
+            self._call_read()
         else:
             self._state = self._tail
 
+    def _call_read(self) -> None:
+        self._fresh = True
+        self._state = self._between
+
     def _tail(self) -> bool:
-        syn = self.syntax
         start = self._pos
         self._skip_ws()
         buf, pos = self._buf, self._pos
         rest = buf[pos : pos + 64]
-        expected = [t.strip() for t in syn.tail[self._tail_step :]] + [syn.call_end]
+        expected = [*self._closers[self._tail_step :], self.syntax.call_end]
         for k, literal in enumerate(expected):
+            assert literal is not None
             if buf.startswith(literal, pos):
                 self._pos = pos + len(literal)
                 if k == len(expected) - 1:
-                    self._close_call()
-                    self._state = self._between
+                    self._call_read()
                 else:
                     self._tail_step += k + 1
                 return True
             if not self._final and literal.startswith(rest):
                 return pos != start
-        # Anything else (or the end of the output) ends the call.
-        self._close_call()
-        self._state = self._between
+        # Anything else (or the end of the output) is read again, after the call.
+        self._call_read()
         return True
 
 
 def call_format(syntax: CallSyntax, markers: Sequence[str], name: str, arguments: Format) -> Format:
-    """One call of ``name`` in ``syntax``, markers as their tokens."""
-    if syntax.header is None:
-        raise ValueError("a syntax without a header template writes its calls itself")
+    """One call of ``name`` in ``syntax`` with a `Template` header, markers as their
+    tokens."""
+    if not isinstance(syntax.header, Template):
+        raise ValueError("only a syntax with a header template writes one call per tool")
     return seq(
         layout(syntax.call_begin, markers),
         syntax.header.grammar(markers, name=name),
@@ -288,6 +380,27 @@ def call_format(syntax: CallSyntax, markers: Sequence[str], name: str, arguments
         *(layout(t, markers) for t in syntax.tail),
         layout(syntax.call_end or "", markers),
     )
+
+
+def json_calls(
+    syntax: CallSyntax, markers: Sequence[str], tools: Sequence[FunctionTool], free: FreeText
+) -> list[Format]:
+    """The alternatives for one call of any of ``tools`` with JSON arguments: one per
+    tool under a `Template` header, one for them all under a `CallObject`."""
+    header = syntax.header
+    if isinstance(header, Template):
+        return [call_format(syntax, markers, t.name, json_value(t.schema, free)) for t in tools]
+    if not isinstance(header, CallObject):
+        raise ValueError("a syntax without a header writes its calls itself")
+    obj = json_value(call_object_schema(tools, header.args_key), free)
+    return [
+        seq(
+            layout(syntax.call_begin + header.lead, markers),
+            obj,
+            *(layout(t, markers) for t in syntax.tail),
+            layout(syntax.call_end or "", markers),
+        )
+    ]
 
 
 def calls_format(
@@ -302,24 +415,25 @@ def calls_format(
 
 
 class JsonArgumentsFormat(ToolFormat):
-    """A family whose calls are `CallSyntax` with a header `Template` and one JSON
-    value of arguments; the family file sets the class attributes."""
+    """A family whose calls are `CallSyntax` with one JSON value of arguments; the
+    family file sets the class attributes."""
 
     syntax: ClassVar[CallSyntax]
     #: short substrings of the family's markers that keep them all out of argument
     #: strings (cheaper to compile than the markers themselves)
     marker_covers: ClassVar[tuple[str, ...]] = ()
-    parser_class: ClassVar[type[MarkedCallParser]]
+    parser_class: ClassVar[type[MarkedCallParser]] = MarkedCallParser
+    #: which tool names the header can carry
+    name_ok: ClassVar[Callable[[str], bool]] = staticmethod(api_name_ok)
+    name_syntax: ClassVar[str] = API_NAME_SYNTAX
 
     def constraint(
         self, tools: Sequence[FunctionTool], *, named: str | None, parallel: bool
     ) -> GrammarSpec:
-        chosen = select_tools(self.name, tools, named, api_name_ok, API_NAME_SYNTAX)
-        free = FreeText.build(self.tokenizer, self.special_markers, self.marker_covers)
+        chosen = select_tools(self.name, tools, named, type(self).name_ok, self.name_syntax)
         markers = self.special_markers
-        calls = [
-            call_format(self.syntax, markers, t.name, json_value(t.schema, free)) for t in chosen
-        ]
+        free = FreeText.build(self.tokenizer, (*markers, *self.syntax.markers), self.marker_covers)
+        calls = json_calls(self.syntax, markers, chosen, free)
         many = parallel and named is None
         return structural_tag(calls_format(self.syntax, markers, calls, many=many))
 
@@ -327,3 +441,7 @@ class JsonArgumentsFormat(ToolFormat):
         self, tools: Sequence[FunctionTool], *, named: str | None = None
     ) -> ToolCallParser:
         return self.parser_class(self, tools, named=named)
+
+    @property
+    def markup(self) -> Markup:
+        return Markup(self.syntax.markup, self.syntax.separator)

@@ -6,8 +6,12 @@ Older models write one array instead, which the parser reads too::
 
     [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, ...]
 
-A call ends where its JSON ends; text after it is content. The constraint writes the
-newer form.
+`SYNTAX` is the one description of the newer form, which the constraint writes.
+The parser reads both (the older one as `LEGACY`, a `CallList`), with whitespace free
+around the markers and the name; a call ends where its JSON ends, and text after it
+is content. Content: a call whose name is no tool of the request, or whose arguments
+are cut short or not an object; in the array, the first object that is not a call
+and everything after it.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from __future__ import annotations
 import secrets
 import string
 
-from .call_objects import CallObjectsParser
+from .base import Markup
+from .call_objects import CallList, CallObjectsParser
+from .json_text import Incomplete
 from .marked_calls import CallSyntax, JsonArgumentsFormat, MarkedCallParser, Template
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
 SYNTAX = CallSyntax(call_begin=TOOL_CALLS, call_end=None, header=Template(f"{{name}}{ARGS}"))
+#: the older form's array, after ``[TOOL_CALLS]``
+LEGACY = CallList(args_key="arguments", opening="[", separator=", ", closing="]")
 _ID_ALPHABET = string.ascii_letters + string.digits
 
 
@@ -30,8 +38,6 @@ def mistral_call_id() -> str:
 
 
 class MistralParser(MarkedCallParser, CallObjectsParser):
-    syntax = SYNTAX
-
     def new_call_id(self, index: int, name: str) -> str:
         return mistral_call_id()
 
@@ -39,12 +45,18 @@ class MistralParser(MarkedCallParser, CallObjectsParser):
         buf, pos = self._buf, self._pos
         while pos < len(buf) and buf[pos].isspace():
             pos += 1
-        if pos < len(buf) and buf[pos] == "[" and not buf.startswith(TOOL_CALLS, pos):
+        if buf.startswith(LEGACY.opening, pos) and not buf.startswith(TOOL_CALLS, pos):
             if not self._final and TOOL_CALLS.startswith(buf[pos : pos + len(TOOL_CALLS)]):
                 return False  # "[" may begin another [TOOL_CALLS]
-            self._pos = pos + 1
-            self._read_objects(separator=",", closer="]", cut=self._cut, then=self._outside)
-            return True
+            try:
+                at = self._objects_ahead(LEGACY, pos)
+            except Incomplete:
+                return False
+            if at is not None:
+                self._read_objects(
+                    LEGACY, start=self._pos, at=at, cut=self._cut, then=self._outside
+                )
+                return True
         return super()._header()
 
 
@@ -54,3 +66,7 @@ class MistralToolFormat(JsonArgumentsFormat):
     #: "S]" ends both markers (and Mistral's other bracketed control tokens)
     marker_covers = ("S]",)
     parser_class = MistralParser
+
+    @property
+    def markup(self) -> Markup:
+        return Markup((*SYNTAX.markup, *LEGACY.markup), SYNTAX.separator)

@@ -137,30 +137,33 @@ def _array(s: dict[str, Any], root: Any, free: FreeText) -> Format:
     return seq(const("["), body if low else optional(body), const("]"))
 
 
-def arguments(parts: Sequence[tuple[Format, bool]]) -> Format:
-    """The parts separated by ``", "``: required ones (True) always, first, in order;
-    optional ones perhaps, in order after them."""
+def arguments(parts: Sequence[tuple[Format, bool]], separator: str = ", ") -> Format:
+    """The parts with ``separator`` between them: required ones (True) always, first,
+    in order; optional ones perhaps, in order after them."""
+    sep = const(separator)
     required = [p for p, r in parts if r]
     opts = [p for p, r in parts if not r]
     if required:
-        body = [required[0]] + [seq(const(", "), p) for p in required[1:]]
-        return seq(*body, *(optional(seq(const(", "), p)) for p in opts))
+        body = [required[0]] + [seq(sep, p) for p in required[1:]]
+        return seq(*body, *(optional(seq(sep, p)) for p in opts))
     if not opts:
         return const("")
     choices = []
     for i, first in enumerate(opts):
-        choices.append(seq(first, *(optional(seq(const(", "), p)) for p in opts[i + 1 :])))
+        choices.append(seq(first, *(optional(seq(sep, p)) for p in opts[i + 1 :])))
     return optional(alt(choices))
 
 
 class PyExtent:
-    """Finds where one Python value ends in text that arrives in pieces: before a
-    ``,``, ``)`` or ``]`` outside brackets and strings. Strings may use either
-    quote, tripled or not; a backslash escapes the next character."""
+    """Finds where one Python value ends in text that arrives in pieces: before
+    ``separator`` (one character), a ``)`` or a ``]`` outside brackets and strings.
+    Strings may use either quote, tripled or not; a backslash escapes the next
+    character."""
 
-    __slots__ = ("_depth", "_quote", "_escape")
+    __slots__ = ("_separator", "_depth", "_quote", "_escape")
 
-    def __init__(self) -> None:
+    def __init__(self, separator: str = ",") -> None:
+        self._separator = separator
         self._depth = 0
         self._quote = ""
         self._escape = False
@@ -192,7 +195,7 @@ class PyExtent:
                 if self._depth == 0:
                     return i, True
                 self._depth -= 1
-            elif c == "," and self._depth == 0:
+            elif c == self._separator and self._depth == 0:
                 return i, True
             i += 1
         return i, False

@@ -3,17 +3,23 @@ arguments, read with the standard ``ast`` module, never evaluated::
 
     [get_weather(city='Paris'), get_time(tz='CET')]
 
-The list is recognised only at the start of the output (after whitespace); text
-after its closing ``]`` is content, and an output that does not open with
-``[NAME(`` is all content. Each argument is converted to JSON once its value is
-complete, so arguments stream one parameter at a time. A value that is not a
-literal (a name, a call, an expression), or a positional argument, ends the call
-there.
+`CALLS` is the one description: the list's brackets, the call's parentheses, ``=``
+and the separator, which the constraint writes and the parser reads.
 
 Constraint: ``[`` calls separated by ``", "`` ``]``, each ``NAME(`` keyword
 arguments ``)`` with values as Python literals of the parameter schema
 (`python_literal`; required parameters first). Tool and parameter names must be
 Python identifiers that are not keywords.
+
+Parser: the list is recognised only at the start of the output (after whitespace);
+whitespace is free between its tokens. A call counts once its ``)`` closes it with
+every argument a keyword and every value a literal of JSON data (converted as each
+value completes). A call that is not that (a name that is no tool of the request, a
+positional argument, a value that is a name, call or expression, Python that does
+not parse, a call the output cuts short) is content, and so is everything after it;
+the calls before it stand. An output that does not open with ``[NAME(`` is all
+content, and so is the list when its first call fails. Text after the closing ``]``
+is content.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ from __future__ import annotations
 import keyword
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from structured_output import GrammarSpec
 
-from .base import FunctionTool, ToolCallParser, ToolFormat, ToolFormatError
+from .base import FunctionTool, Markup, ToolCallParser, ToolFormat, ToolFormatError
 from .grammar import (
     FreeText,
     alt,
@@ -48,6 +55,29 @@ _CALLEE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MAX_NAME = 256
 
 
+@dataclass(frozen=True)
+class PythonCalls:
+    """A list of calls with keyword arguments: ``[f(a=1), g()]``. The constraint
+    writes these texts exactly; the parser reads each with whitespace around it
+    (and ``separator`` without its space)."""
+
+    opening: str = "["
+    closing: str = "]"
+    #: between two calls and between two arguments
+    separator: str = ", "
+    call_open: str = "("
+    call_close: str = ")"
+    assign: str = "="
+
+    @property
+    def markup(self) -> tuple[str, ...]:
+        texts = (self.opening, self.closing, self.separator.strip(), self.call_open)
+        return (*texts, self.call_close, self.assign)
+
+
+CALLS = PythonCalls()
+
+
 def identifier_ok(name: str) -> bool:
     return _IDENT.fullmatch(name) is not None and not keyword.iskeyword(name)
 
@@ -60,10 +90,13 @@ class PythonicToolFormat(ToolFormat):
             self.name, tools, named, identifier_ok, "Python identifiers, not keywords"
         )
         free = FreeText.build(self.tokenizer, ())
-        calls = [seq(const(t.name + "("), self._kwargs(t, free), const(")")) for t in chosen]
+        calls = [
+            seq(const(t.name + CALLS.call_open), self._kwargs(t, free), const(CALLS.call_close))
+            for t in chosen
+        ]
         many = parallel and named is None
-        body = repeated(alt(calls), separator=const(", "), parallel=many)
-        return structural_tag(seq(const("["), body, const("]")))
+        body = repeated(alt(calls), separator=const(CALLS.separator), parallel=many)
+        return structural_tag(seq(const(CALLS.opening), body, const(CALLS.closing)))
 
     def _kwargs(self, tool: FunctionTool, free: FreeText) -> dict:
         schema = tool.schema
@@ -75,25 +108,29 @@ class PythonicToolFormat(ToolFormat):
                     f"tool-call format {self.name!r} cannot carry the parameter name "
                     f"{p.name!r}: names must be Python identifiers, not keywords"
                 )
-            parts.append(
-                (seq(const(p.name + "="), literal_format(p.schema, schema, free)), p.required)
-            )
+            value = literal_format(p.schema, schema, free)
+            parts.append((seq(const(p.name + CALLS.assign), value), p.required))
         if free_form:
-            kw = seq(regex(_IDENT.pattern), const("="), any_literal(free))
-            return optional(seq(kw, star(seq(const(", "), kw))))
-        return arguments(parts)
+            kw = seq(regex(_IDENT.pattern), const(CALLS.assign), any_literal(free))
+            return optional(seq(kw, star(seq(const(CALLS.separator), kw))))
+        return arguments(parts, CALLS.separator)
 
     def new_parser(
         self, tools: Sequence[FunctionTool], *, named: str | None = None
     ) -> ToolCallParser:
         return PythonicParser(self, tools, named=named)
 
+    @property
+    def markup(self) -> Markup:
+        return Markup(CALLS.markup, CALLS.separator)
+
 
 class PythonicParser(ScanParser):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._value: list[str] = []
-        self._extent = PyExtent()
+        self._separator = CALLS.separator.strip()
+        self._extent = PyExtent(self._separator)
         self._key = ""
         self._written = 0
 
@@ -106,14 +143,15 @@ class PythonicParser(ScanParser):
             i += 1
         if i == len(buf):
             return self._undecided()
-        if buf[i] != "[":
+        if not buf.startswith(CALLS.opening, i):
             return self._no_calls()
-        verdict = _callee_at(buf, i + 1)
+        verdict = _callee_at(buf, i + len(CALLS.opening))
         if verdict is None:
             return self._undecided()
         if not verdict:
             return self._no_calls()
-        self._pos = i + 1
+        self._begin_call(self._pos)  # the first call's text starts with the list
+        self._pos = i + len(CALLS.opening)
         self._state = self._callee
         return True
 
@@ -131,13 +169,15 @@ class PythonicParser(ScanParser):
     def _callee(self) -> bool:
         buf = self._buf
         verdict = _callee_at(buf, self._pos)
-        if verdict is None:
-            return self._undecided()
+        if verdict is None and not self._final:
+            return False
         if not verdict:
             return self._malformed()
         name, end = verdict
+        self._begin_call(self._pos)
+        if not self._name_call(name):
+            return self._malformed()
         self._pos = end
-        self._open_call(name)
         self._written = 0
         self._state = self._keyword
         return True
@@ -148,10 +188,11 @@ class PythonicParser(ScanParser):
         buf, i = self._buf, self._pos
         if i == len(buf):
             return i != start if not self._final else self._malformed()
-        if buf[i] == ")":
-            self._pos = i + 1
+        if buf.startswith(CALLS.call_close, i):
+            self._pos = i + len(CALLS.call_close)
             self._args("{}" if self._written == 0 else "}")
-            self._close_call()
+            if not self._end_call():
+                return self._malformed()
             self._state = self._after_call
             return True
         m = _IDENT.match(buf, i)
@@ -160,14 +201,15 @@ class PythonicParser(ScanParser):
         j = m.end()
         while j < len(buf) and buf[j].isspace():
             j += 1
-        if not self._final and (j == len(buf) or (buf[j] == "=" and j + 1 == len(buf))):
+        assign = CALLS.assign
+        if not self._final and (j == len(buf) or (buf[j] == assign and j + 1 == len(buf))):
             return i != start  # "=" may turn out to be "=="
-        if j == len(buf) or buf[j] != "=" or buf.startswith("==", j):
+        if not buf.startswith(assign, j) or buf.startswith(assign * 2, j):
             return self._malformed()
         self._key = m.group()
-        self._pos = j + 1
+        self._pos = j + len(assign)
         self._value = []
-        self._extent = PyExtent()
+        self._extent = PyExtent(self._separator)
         self._state = self._literal
         return True
 
@@ -178,6 +220,8 @@ class PythonicParser(ScanParser):
         self._pos = stop
         if not ended and not self._final:
             return stop != pos
+        if not ended:
+            return self._malformed()  # the output ended inside the value
         try:
             value = literal_json("".join(self._value))
         except ValueError:
@@ -193,12 +237,12 @@ class PythonicParser(ScanParser):
         buf, i = self._buf, self._pos
         if i == len(buf):
             return i != start if not self._final else self._malformed()
-        if buf[i] == ",":
-            self._pos = i + 1
+        if buf.startswith(self._separator, i):
+            self._pos = i + len(self._separator)
             self._state = self._keyword
             return True
-        if buf[i] == ")":
-            self._state = self._keyword  # reads the ")"
+        if buf.startswith(CALLS.call_close, i):
+            self._state = self._keyword  # reads the call's close
             return True
         return self._malformed()
 
@@ -211,26 +255,27 @@ class PythonicParser(ScanParser):
                 return i != start
             self._state = self._rest_is_content
             return True
-        if buf[i] == ",":
-            self._pos = i + 1
+        if buf.startswith(self._separator, i):
+            self._pos = i + len(self._separator)
             self._state = self._callee
             return True
-        if buf[i] == "]":
-            self._pos = i + 1
+        if buf.startswith(CALLS.closing, i):
+            self._pos = i + len(CALLS.closing)
         self._state = self._rest_is_content
         return True
 
     def _malformed(self) -> bool:
-        """Not (or no longer) a call list: what was read stays, the rest is content."""
-        if self._open:
-            self._close_call()
+        """Not (or no longer) a call list: a call being read is content, and so is
+        the rest."""
+        if self._call is not None:
+            self._fail_call()
         self._state = self._rest_is_content
         return True
 
 
 def _callee_at(text: str, i: int) -> tuple[str, int] | bool | None:
-    """``NAME(`` at ``i`` after whitespace: the name and the index past ``(``; False
-    if the text is not that; None if it cannot be told yet."""
+    """``NAME(`` (`CALLS`) at ``i`` after whitespace: the name and the index past the
+    parenthesis; False if the text is not that; None if it cannot be told yet."""
     n = len(text)
     while i < n and text[i].isspace():
         i += 1
@@ -244,4 +289,5 @@ def _callee_at(text: str, i: int) -> tuple[str, int] | bool | None:
         j += 1
     if j == n:
         return None
-    return (m.group(), j + 1) if text[j] == "(" else False
+    opened = text.startswith(CALLS.call_open, j)
+    return (m.group(), j + len(CALLS.call_open)) if opened else False

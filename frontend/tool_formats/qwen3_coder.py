@@ -12,16 +12,24 @@
 values are raw text read by the tool's schema (`xml_params`); the newline on each
 side of a value belongs to the markup, so exactly one is stripped on each side.
 
-Constraint: calls separated by ``\\n``; in each, the tool's parameters in schema
-order, required ones always, each value in the form `xml_params.value_kind` gives.
-Parser: whitespace between tags is free; a value without ``</parameter>`` ends at the
-call's end marker.
+`SYNTAX` and `PARAMS` are the one description. Constraint: calls separated by
+``\\n``; in each, the tool's parameters in schema order, required ones always, each
+value in the form `xml_params.value_kind` gives (raw text keeps out every place a
+value may end, `xml_params.value_stops`).
+
+Parser: whitespace between tags is free. It recovers ``<function=NAME`` without its
+``>`` when the line breaks after the name, ``<parameter=KEY`` without its ``>`` (the
+key ends at the line break or ``<``), a value without ``</parameter>`` (it ends at
+the next ``<parameter=``, at ``</function>`` or at a call marker), and a call without
+``</function>`` or ``</tool_call>``. Content: a call whose name is no tool of the
+request or whose header does not read, and a call the output ends inside a value
+of (a truncated call), markers included.
 """
 
 from __future__ import annotations
 
 from .marked_calls import CallSyntax, Template
-from .xml_params import ParamSyntax, XmlArgumentsFormat, XmlParamsParser
+from .xml_params import ParamSyntax, XmlArgumentsFormat
 
 CALL_BEGIN = "<tool_call>"
 CALL_END = "</tool_call>"
@@ -37,15 +45,9 @@ PARAMS = ParamSyntax(
 )
 
 
-class Qwen3CoderParser(XmlParamsParser):
-    syntax = SYNTAX
-    params = PARAMS
-
-
 class Qwen3CoderToolFormat(XmlArgumentsFormat):
     special_markers = (CALL_BEGIN, CALL_END)
     syntax = SYNTAX
     params = PARAMS
-    parser_class = Qwen3CoderParser
     #: a substring of both call markers
     nested_covers = ("_call>",)

@@ -7,6 +7,15 @@ change how that text is read (a partial marker at the end of the buffer is held
 back; a state that cannot decide yet waits), so every emission is a function of the
 text alone, however it was cut into pieces. `ToolFormat.parse` runs this same
 machine on the whole text at once.
+
+Why every call that comes out is a call: a call is held from its first character
+until it resolves. It resolves as a call once its name is one of the request's
+tools and its arguments are complete and one JSON object; it then comes out whole
+(id, name and arguments in one piece). Anything else (an unknown name, arguments cut
+short by a marker or by the end of the output, arguments that are not an object)
+was not a call: its text, markers included, is released as content, and reading
+goes on after it. What is held is the call's own text, kept as the pieces it was
+consumed in, so no push rescans it.
 """
 
 from __future__ import annotations
@@ -14,10 +23,11 @@ from __future__ import annotations
 import re
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from .base import FunctionTool, StreamDelta, ToolCallDelta, ToolCallParser
-from .json_text import Incomplete, JsonExtent, NoMatch
+from .json_text import Incomplete, JsonExtent, NoMatch, is_json_object
 
 if TYPE_CHECKING:
     from .base import ToolFormat
@@ -29,7 +39,7 @@ MAX_HEADER = 1024
 T = TypeVar("T")
 
 
-class Markers:
+class MarkerSet:
     """A fixed set of marker texts: where the first one occurs, and how much of a
     buffer's end could still be the start of one."""
 
@@ -65,6 +75,19 @@ class Markers:
         return any(m.startswith(rest) and m != rest for m in self.texts)
 
 
+@dataclass(slots=True)
+class _HeldCall:
+    """A call being read, not yet resolved."""
+
+    #: its text consumed before the buffer's current start, in pieces
+    raw: list[str]
+    #: where the rest of its text begins in the buffer
+    start: int
+    name: str = ""
+    call_id: str | None = None
+    arguments: list[str] = field(default_factory=list)
+
+
 class ScanParser(ToolCallParser):
     """A `ToolCallParser` driven by a state method.
 
@@ -74,6 +97,10 @@ class ScanParser(ToolCallParser):
     ``self._final`` is set the output is complete and every state must resolve what
     it holds. Whitespace that only separates content from calls is not content; a
     stop-token text at the very end of the output is dropped.
+
+    A state reads a call with `_begin_call` (where its text starts), `_name_call`,
+    `_args`, and then `_end_call` (the call is complete: emit it if it is valid) or
+    `_fail_call` (it is not a call: its text is content).
     """
 
     def __init__(
@@ -85,11 +112,11 @@ class ScanParser(ToolCallParser):
         self._final = False
         self._out = StreamDelta()
         self._calls = 0
-        self._open = False
+        self._call: _HeldCall | None = None
         self._ws = ""
         self._content_started = False
         stops = [t for i in fmt.tokenizer.stop_token_ids if (t := fmt.tokenizer.decode([i]))]
-        self._stops = Markers(stops, hold_complete=True) if stops else None
+        self._stops = MarkerSet(stops, hold_complete=True) if stops else None
         self._stop_texts = frozenset(stops)
         self._held = ""
         self._json = JsonExtent()
@@ -106,15 +133,15 @@ class ScanParser(ToolCallParser):
         return self._take()
 
     def finish(self) -> StreamDelta:
+        self._trim()
         if self._held not in self._stop_texts:
-            self._buf = self._buf[self._pos :] + self._held
-            self._pos = 0
+            self._buf += self._held
         self._held = ""
         self._final = True
         self._run()
         assert self._pos == len(self._buf), "a final state left text unread"
-        if self._open:
-            self._close_call()
+        if self._call is not None:
+            self._fail_call()  # still open at the end: incomplete
         if not self._calls:
             self._out.content += self._ws
         self._ws = ""
@@ -124,9 +151,18 @@ class ScanParser(ToolCallParser):
 
     def _feed(self, text: str) -> None:
         if text:
-            self._buf = self._buf[self._pos :] + text
-            self._pos = 0
+            self._trim()
+            self._buf += text
             self._run()
+
+    def _trim(self) -> None:
+        """Drop the consumed text from the buffer (a held call keeps its share)."""
+        call = self._call
+        if call is not None:
+            call.raw.append(self._buf[call.start : self._pos])
+            call.start = 0
+        self._buf = self._buf[self._pos :]
+        self._pos = 0
 
     def _run(self) -> None:
         while self._state():
@@ -147,7 +183,7 @@ class ScanParser(ToolCallParser):
         out, self._out = self._out, StreamDelta()
         return out
 
-    def _until(self, markers: Markers) -> tuple[str, str | None]:
+    def _until(self, markers: MarkerSet) -> tuple[str, str | None]:
         """Consume text up to the first of ``markers`` and the marker itself. Returns
         the text and the marker; without a marker, the text that cannot be part of
         one (all of it once the output is complete) and None."""
@@ -198,28 +234,61 @@ class ScanParser(ToolCallParser):
         self._content_started = True
         self._ws = pending[len(pending.rstrip()) :]
 
-    def _open_call(self, name: str, call_id: str | None = None) -> None:
-        index = self._calls
-        self._calls += 1
-        self._open = True
-        cid = call_id if call_id is not None else self.new_call_id(index, name)
-        self._out.tool_calls.append(ToolCallDelta(index=index, id=cid, name=name))
+    # ----- calls --------------------------------------------------------------
+
+    def _begin_call(self, at: int) -> None:
+        """A call may begin at buffer index ``at`` (at most ``self._pos``): hold its
+        text from there on. A call already held keeps its own start."""
+        if self._call is None:
+            self._call = _HeldCall(raw=[], start=at)
+
+    def _name_call(self, name: str, call_id: str | None = None) -> bool:
+        """Name the held call; False if ``name`` is not one of the request's tools
+        (the call is then not a call: the caller fails it)."""
+        assert self._call is not None
+        if name not in self.tools_by_name:
+            return False
+        self._call.name = name
+        self._call.call_id = call_id
+        return True
 
     def _args(self, text: str) -> None:
-        """More arguments text for the open call."""
-        if not text:
-            return
-        calls = self._out.tool_calls
-        index = self._calls - 1
-        if calls and calls[-1].index == index:
-            calls[-1].arguments += text
-        else:
-            calls.append(ToolCallDelta(index=index, arguments=text))
+        """More arguments text for the held call."""
+        if text:
+            assert self._call is not None
+            self._call.arguments.append(text)
 
-    def _close_call(self) -> None:
-        self._open = False
+    def _end_call(self) -> bool:
+        """The held call is complete: emit it if it is named and its arguments are
+        one JSON object (surrounding whitespace dropped), else release its text as
+        content. Returns whether it was a call."""
+        call = self._call
+        assert call is not None
+        arguments = "".join(call.arguments).strip()
+        if not call.name or not is_json_object(arguments):
+            self._fail_call()
+            return False
+        self._call = None
+        index = self._calls
+        self._calls += 1
+        cid = call.call_id if call.call_id is not None else self.new_call_id(index, call.name)
+        self._out.tool_calls.append(
+            ToolCallDelta(index=index, id=cid, name=call.name, arguments=arguments)
+        )
+        return True
 
-    def _reach(self, stops: Markers) -> tuple[int, re.Match[str] | None]:
+    def _fail_call(self) -> None:
+        """The held call is not a call: its text up to ``self._pos`` is content."""
+        call = self._call
+        assert call is not None
+        self._call = None
+        self._content("".join(call.raw) + self._buf[call.start : self._pos])
+
+    def _drop_call(self) -> None:
+        """What was held is markup, not a call and not content (Harmony's headers)."""
+        self._call = None
+
+    def _reach(self, stops: MarkerSet) -> tuple[int, re.Match[str] | None]:
         """How far text may be read before one of ``stops``: the index of the first
         marker (and the match), or of the held-back tail (and None)."""
         buf, pos = self._buf, self._pos
@@ -228,8 +297,8 @@ class ScanParser(ToolCallParser):
             return m.start(), m
         return (len(buf) if self._final else stops.safe_end(buf, pos)), None
 
-    def _stream_json(self, stops: Markers) -> bool | None:
-        """Stream the open call's JSON arguments value. Returns True once the value is
+    def _read_json(self, stops: MarkerSet) -> bool | None:
+        """Read the held call's JSON arguments value. Returns True once the value is
         complete, False when a marker of ``stops`` or the end of the output cut it
         short (the marker is left unread), None when more text is needed."""
         buf, pos = self._buf, self._pos

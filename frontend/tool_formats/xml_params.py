@@ -18,6 +18,7 @@ A family whose markup puts a newline inside the tags on each side of the value
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -25,7 +26,7 @@ from typing import Any, ClassVar
 
 from structured_output import GrammarSpec
 
-from .base import FunctionTool, ToolCallParser, ToolFormat, ToolFormatError
+from .base import FunctionTool, Markup, ToolCallParser, ToolFormat, ToolFormatError
 from .grammar import (
     API_NAME_SYNTAX,
     MAX_ENFORCED_LENGTH,
@@ -48,7 +49,7 @@ from .grammar import (
 )
 from .json_text import JsonExtent, dumps, is_json
 from .marked_calls import CallSyntax, MarkedCallParser, call_format, calls_format
-from .scanning import Markers
+from .scanning import MarkerSet
 from .schemas import object_properties, resolve, with_defs
 
 #: a parameter name when the schema declares none
@@ -93,6 +94,14 @@ class ParamSyntax:
     gap: str = ""
     value_begin: str = ""
     newline_wrapped: bool = False
+    #: characters a parameter name cannot hold: the constraint refuses such names, and
+    #: the parser ends a name at the first of them (or at ``key_end``)
+    key_forbidden: str = "<>\n"
+
+    @property
+    def markup(self) -> tuple[str, ...]:
+        texts = (self.key_begin, self.key_end, self.value_begin, self.value_end)
+        return tuple(t.strip() for t in texts if t.strip())
 
     def before_value(self) -> str:
         """Markup from the key's end to the value."""
@@ -148,32 +157,42 @@ def _escape(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1] if text else ""
 
 
+def value_stops(syntax: CallSyntax, params: ParamSyntax) -> list[str]:
+    """Where a value's raw text ends: its ``value_end``, or, where that is missing,
+    the next parameter, the call's closers or a call marker. The constraint keeps all
+    of them out of raw values, so that the two read a value alike."""
+    return [params.value_end, params.key_begin, *syntax.closers, *syntax.markers]
+
+
 class XmlParamsParser(MarkedCallParser):
     """A `MarkedCallParser` whose arguments are parameters in `ParamSyntax` markup.
 
     The parameters end at the first thing that is not a parameter (the family's
-    ``tail`` or call end, or junk, which the tail then reads). A value ends at its
-    ``value_end`` or at a call marker (which ends the call as well)."""
-
-    params: ClassVar[ParamSyntax]
+    closers or call end, or junk, which is read again after the call). A name ends
+    at ``key_end``, or, where that is missing, before a character names cannot hold.
+    A value ends where `value_stops` says; a value the end of the output cuts short
+    makes the call not a call."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        p = self.params
+        p: ParamSyntax = self.format.params  # type: ignore[attr-defined]
+        self.params = p
         self._arguments = self._next_param
-        self._key_stops = Markers([p.key_end, *self.syntax.markers])
-        self._value_stops = Markers([p.value_end, *self.syntax.markers])
+        ends = {*p.key_forbidden, p.key_end[0], *(m[0] for m in self.syntax.markers)}
+        self._key_stop = re.compile("[" + re.escape("".join(sorted(ends))) + "]")
+        self._value_stops = MarkerSet(value_stops(self.syntax, p))
         #: inside a JSON value's strings only the special-token markers cut
-        self._hard = Markers(hard_markers(self.syntax, self.format.special_markers))
+        self._hard = MarkerSet(hard_markers(self.syntax, self.format.special_markers))
         self._writer: ValueWriter | None = None
         self._written = 0
         self._schema: Any = None
 
-    def _open_call(self, name: str, call_id: str | None = None) -> None:
-        super()._open_call(name, call_id)
-        tool = self.tools_by_name.get(name)
-        self._schema = tool.schema if tool is not None else None
+    def _name_call(self, name: str, call_id: str | None = None) -> bool:
+        if not super()._name_call(name, call_id):
+            return False
+        self._schema = self.tools_by_name[name].schema
         self._written = 0
+        return True
 
     def _next_param(self) -> bool:
         start = self._pos
@@ -181,35 +200,46 @@ class XmlParamsParser(MarkedCallParser):
         buf, pos = self._buf, self._pos
         begin = self.params.key_begin
         if buf.startswith(begin, pos):
-            self._pos = pos + len(begin)
             self._state = self._key
             return True
         if not self._final and begin.startswith(buf[pos : pos + len(begin)]):
             return pos != start
+        return self._params_done()
+
+    def _params_done(self) -> bool:
+        """No more parameters: the call is complete."""
         self._args("{}" if self._written == 0 else "}")
-        self._end_arguments()
+        if self._end_call():
+            self._after_arguments()
+        else:
+            self._state = self._between
         return True
 
     def _key(self) -> bool:
-        buf, pos = self._buf, self._pos
-        stops = self._key_stops
-        m = stops.search(buf, pos)
-        if m is not None and m.start() - pos > _MAX_KEY:
-            m = None
-        elif m is None and not self._final and stops.safe_end(buf, pos) - pos <= _MAX_KEY:
+        """A parameter's name, from its ``key_begin`` (left unread until decided)."""
+        p = self.params
+        buf = self._buf
+        at = self._pos + len(p.key_begin)
+        limit = min(len(buf), at + _MAX_KEY)
+        m = self._key_stop.search(buf, at, limit)
+        if m is None:
+            if limit == len(buf) and limit - at < _MAX_KEY and not self._final:
+                return False
+            return self._params_done()  # not a parameter: read again after the call
+        j = m.start()
+        end = j
+        if buf.startswith(p.key_end, j):
+            end = j + len(p.key_end)
+        elif p.key_end.startswith(buf[j:]) and not self._final:
             return False
-        if m is None or m.group() != self.params.key_end:
-            # Not a parameter after all: the markup so far is junk.
-            self._args("{}" if self._written == 0 else "}")
-            self._end_arguments()
-            return True
-        key = buf[pos : m.start()].strip()
-        self._pos = m.end()
-        kind = self._kind_of(key)
-        self._writer = ValueWriter(kind, self.params.newline_wrapped)
+        key = buf[at:j].strip()
+        if not key:
+            return self._params_done()
+        self._pos = end
+        self._writer = ValueWriter(self._kind_of(key), p.newline_wrapped)
         self._args(("{" if self._written == 0 else ", ") + dumps(key) + ": " + self._writer.begin())
         self._written += 1
-        self._state = self._value_open if self.params.value_begin else self._value
+        self._state = self._value_open if p.value_begin else self._value
         return True
 
     def _kind_of(self, key: str) -> Kind:
@@ -234,9 +264,9 @@ class XmlParamsParser(MarkedCallParser):
         return True
 
     def _value(self) -> bool:
-        """A value's raw text up to ``value_end``. A JSON value that opens a string,
-        array or object is read as JSON first, so ``value_end`` inside one of its
-        strings does not end it (call markers still do)."""
+        """A value's raw text up to where `value_stops` says. A JSON value that opens
+        a string, array or object is read as JSON first, so a stop inside one of its
+        strings does not end it (special-token markers still do)."""
         writer = self._writer
         assert writer is not None
         pos = self._pos
@@ -255,9 +285,12 @@ class XmlParamsParser(MarkedCallParser):
         if marker is None:
             if not self._final:
                 return self._pos != pos
-        elif marker != self.params.value_end:
-            self._pos -= len(marker)  # a call marker: leave it to the tail
-        self._end_value(marker == self.params.value_end)
+            return self._value_cut()
+        if marker == self.params.value_end:
+            self._end_value(True)
+        else:
+            self._pos -= len(marker)  # the value's closer is missing: read the marker again
+            self._end_value(marker == self.params.key_begin)
         return True
 
     def _json_value(self) -> bool:
@@ -270,12 +303,21 @@ class XmlParamsParser(MarkedCallParser):
         self._pos = stop
         if self._json.done:
             self._json = JsonExtent()
-            self._state = self._value  # the rest, up to value_end, is read as text
+            self._state = self._value  # the rest, up to its stop, is read as text
             return True
         if m is None and not self._final:
             return stop != pos
         self._json = JsonExtent()
-        self._end_value(False)
+        if m is None:
+            return self._value_cut()
+        self._end_value(False)  # a call marker cut it: it reads as text
+        return True
+
+    def _value_cut(self) -> bool:
+        """The output ended inside a value: the call is not a call."""
+        self._writer = None
+        self._fail_call()
+        self._state = self._between
         return True
 
     def _end_value(self, more: bool) -> None:
@@ -283,12 +325,7 @@ class XmlParamsParser(MarkedCallParser):
         assert self._writer is not None
         self._args(self._writer.end())
         self._writer = None
-        self._state = self._next_param if more else self._close_params
-
-    def _close_params(self) -> bool:
-        self._args("}")
-        self._end_arguments()
-        return True
+        self._state = self._next_param if more else self._params_done
 
 
 def raw_text_format(schema: Any, root: Any, free: FreeText, excludes: Sequence[str]) -> Format:
@@ -399,9 +436,7 @@ class XmlArgumentsFormat(ToolFormat):
 
     syntax: ClassVar[CallSyntax]
     params: ClassVar[ParamSyntax]
-    parser_class: ClassVar[type[XmlParamsParser]]
-    #: characters a parameter name cannot hold
-    key_forbidden: ClassVar[str] = "<>\n"
+    parser_class: ClassVar[type[XmlParamsParser]] = XmlParamsParser
     #: short substrings of the special-token call markers (see the class docstring)
     nested_covers: ClassVar[tuple[str, ...]] = ()
 
@@ -412,14 +447,13 @@ class XmlArgumentsFormat(ToolFormat):
         syntax, markers = self.syntax, self.special_markers
         nested = FreeText.build(self.tokenizer, hard_markers(syntax, markers), self.nested_covers)
         raw = [
-            self.params.value_end,
-            *syntax.markers,
+            *value_stops(syntax, self.params),
             *markers,
             *vocabulary_covers(self.tokenizer),
         ]
         calls = []
         for t in chosen:
-            check_keys(self.name, t.schema, self.key_forbidden)
+            check_keys(self.name, t.schema, self.params.key_forbidden)
             args = params_format(t.schema, self.params, markers, nested, raw)
             calls.append(call_format(syntax, markers, t.name, args))
         many = parallel and named is None
@@ -429,3 +463,7 @@ class XmlArgumentsFormat(ToolFormat):
         self, tools: Sequence[FunctionTool], *, named: str | None = None
     ) -> ToolCallParser:
         return self.parser_class(self, tools, named=named)
+
+    @property
+    def markup(self) -> Markup:
+        return Markup((*self.syntax.markup, *self.params.markup), self.syntax.separator)

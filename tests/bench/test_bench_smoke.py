@@ -21,17 +21,20 @@ def _records(path) -> list[dict]:
     return records
 
 
+METHODS = {"fill": ("engine", "baseline", "loop", "unguarded"), "apply": ("engine", "baseline")}
+
+
 @pytest.mark.parametrize("bench", ["fill", "apply"])
 def test_pair_bench(bench, tmp_path, capsys):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     assert main([bench, *SMALL, "--json", str(out), "--plot", str(png)]) == 0
     records = _records(out)
     assert {(r["batch_size"], r["method"]) for r in records} == {
-        (b, m) for b in (1, 8) for m in ("engine", "baseline")
+        (b, m) for b in (1, 8) for m in METHODS[bench]
     }
     assert all(r["vocab_rows"] == 151936 for r in records)
     assert png.stat().st_size > 0
-    assert "b/a" in capsys.readouterr().out
+    assert ("b/e" if bench == "fill" else "b/a") in capsys.readouterr().out
     assert summary.main([str(out)]) == 0
     assert "baseline / engine" in capsys.readouterr().out
 
@@ -104,3 +107,32 @@ def test_latency(tmp_path, capsys):
     capsys.readouterr()
     assert summary.main([str(out)]) == 0
     assert "1-token round trip" in capsys.readouterr().out
+
+
+def test_http(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    args = ["http", "--requests", "6", "--warmup", "2", "--concurrency", "1,4"]
+    assert main([*args, "--stream-tokens", "8", "--json", str(out), "--plot", str(png)]) == 0
+    records = _records(out)
+    assert [(r["method"], r["batch_size"]) for r in records] == [
+        ("chat_1_token", 1),
+        ("chat_1_token", 4),
+        ("stream_8_tokens", 1),
+        ("stream_8_tokens", 4),
+    ]
+    for r in records:
+        assert r["iters"] == 6 and r["extra"]["requests_per_s"] > 0
+        assert 0 < r["median_us"] <= r["extra"]["p99_us"]
+    assert png.stat().st_size > 0
+
+
+def test_startup(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["startup", "--iters", "1", "--json", str(out)]) == 0
+    records = _records(out)
+    what = [r["method"] for r in records]
+    assert what[:3] == ["handshake", "first plain request done", "first JSON request done"]
+    assert any(w.startswith("phase: compile worker") for w in what)
+    assert all(r["median_us"] > 0 for r in records)
+    assert "handshake" in capsys.readouterr().out
+    assert summary.main([str(out)]) == 0

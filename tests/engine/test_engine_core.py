@@ -10,13 +10,17 @@ import pytest
 from engine_core.config import EngineConfig
 from engine_core.engine import EngineCore
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
+from structured_output.config import StructuredOutputConfig
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 
 
 @pytest.fixture(scope="module")
 def core(qwen3):
-    c = EngineCore(EngineConfig(model="random", max_num_seqs=8, compile_workers=1), qwen3)
+    config = EngineConfig(
+        model="random", max_num_seqs=8, structured_output=StructuredOutputConfig(compile_workers=1)
+    )
+    c = EngineCore(config, qwen3)
     yield c
     c.close()
 

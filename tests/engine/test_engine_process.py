@@ -242,7 +242,9 @@ def test_frames_from_a_client_that_said_no_hello_are_refused(engine):
 
 def test_killed_engine_fails_every_request_within_2s():
     async def body():
-        client = await EngineClient.spawn(EngineConfig(model="random", forward_ms=20))
+        client = await EngineClient.spawn(
+            EngineConfig(model="random", runner_options={"forward_ms": 20})
+        )
         try:
             reqs = [
                 EngineCoreRequest(
@@ -278,7 +280,9 @@ def test_killed_engine_fails_every_request_within_2s():
 
 def test_sigterm_gives_every_request_a_final_output():
     async def body():
-        client = await EngineClient.spawn(EngineConfig(model="random", forward_ms=20))
+        client = await EngineClient.spawn(
+            EngineConfig(model="random", runner_options={"forward_ms": 20})
+        )
         try:
             reqs = [
                 EngineCoreRequest(

@@ -1,7 +1,10 @@
 """Structured outputs under an adversarial model: the random-logits model, 200 seeds
-per kind of grammar. Every output that finished with "stop" must be valid; at least
-90% must finish with "stop" within max_tokens (the model favours tokens that close
-strings and structures, so it ends, but is otherwise random)."""
+per kind of grammar. Every output that finished with "stop" must be valid: its bytes
+decode as strict UTF-8 (no encoded surrogates, which xgrammar's character classes
+admit and the engine's guard keeps out), JSON parses with a strict parser, and the
+value is valid for its grammar; at least 90% must finish with "stop" within
+max_tokens (the model favours tokens that close strings and structures, so it ends,
+but is otherwise random)."""
 
 from __future__ import annotations
 
@@ -25,14 +28,27 @@ PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 REGEX = r"[A-Z]{2}-\d{3,5}(\.[a-z]{1,4})?"
 CHOICES = ["alpha", "beta", "gamma delta", "ε-ζ"]
 
+
+def strict_json(text: str):
+    """``text`` parsed, and the value written back out as UTF-8: a string holding a
+    lone surrogate escape (``\\ud800``), which strict parsers refuse, fails here."""
+    value = json.loads(text)
+    json.dumps(value, ensure_ascii=False).encode("utf-8")
+    return value
+
+
 CASES = {
     "one_tool_schema": (
         StructuredOutputSpec("json_schema", json.dumps(WEATHER)),
-        lambda t: jsonschema.validate(json.loads(t), WEATHER) is None,
+        lambda t: jsonschema.validate(strict_json(t), WEATHER) is None,
     ),
+    "json_object": (
+        StructuredOutputSpec("json_object", ""),
+        lambda t: isinstance(strict_json(t), dict),
+    ),  # free-form: the random model nests as often as it closes (see FINISHED)
     "required_8_tools_schema": (
         StructuredOutputSpec("json_schema", json.dumps(REQUIRED_SCHEMA)),
-        lambda t: jsonschema.validate(json.loads(t), REQUIRED_SCHEMA) is None,
+        lambda t: jsonschema.validate(strict_json(t), REQUIRED_SCHEMA) is None,
     ),
     "hermes_structural_tag": (
         StructuredOutputSpec("structural_tag", json.dumps(hermes_tag(TOOLS))),
@@ -42,6 +58,11 @@ CASES = {
     "choice": (StructuredOutputSpec("choice", json.dumps(CHOICES)), lambda t: t in CHOICES),
     "ebnf": (StructuredOutputSpec("grammar", ARITHMETIC), is_arithmetic),
 }
+
+
+#: the share that must finish with "stop"; a free-form object may nest without end, and
+#: about one in five random ones is still open after MAX_TOKENS
+FINISHED = {"json_object": 0.7}
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +95,16 @@ def test_random_model_outputs_are_valid(engine, case):
             continue
         stopped += 1
         assert ids[-1] in tok.stop_token_ids
-        text = tok.decode(ids[:-1])
+        data = tok.decode_bytes(ids[:-1])
         try:
+            text = data.decode("utf-8")  # strict: an encoded surrogate fails here
             ok = valid(text)
         except (ValueError, jsonschema.ValidationError):
+            text = data.decode("utf-8", errors="backslashreplace")
             ok = False
         if not ok:
             invalid += 1
             print(f"seed {seed}: invalid output {text!r}")
     print(f"{case}: {stopped}/{SEEDS} finished with stop, {invalid} invalid")
     assert invalid == 0
-    assert stopped >= 0.9 * SEEDS
+    assert stopped >= FINISHED.get(case, 0.9) * SEEDS

@@ -10,8 +10,10 @@ import jsonschema
 import pytest
 
 from engine_core.config import EngineConfig
+from frontend.tool_formats import FunctionTool, create_tool_format
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from reasoning import create_reasoning_parser
+from structured_output.config import StructuredOutputConfig
 from tests.support.engine import EngineHarness, collect
 from tokenization import load_tokenizer
 
@@ -56,7 +58,11 @@ SCRIPT = {
 def engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("script") / "script.json"
     path.write_text(json.dumps(SCRIPT))
-    h = EngineHarness(EngineConfig(model="scripted", script=str(path), reasoning_parser="qwen3"))
+    h = EngineHarness(
+        EngineConfig(
+            model="scripted", runner_options={"script": str(path)}, reasoning_parser="qwen3"
+        )
+    )
     yield h
     h.close()
 
@@ -103,7 +109,7 @@ def test_thought_verbatim_answer_constrained(engine):
     ids, final, reasoning, content = _run(engine, "[think-json]")
     assert final.finish_reason == FinishReason.STOP, final.error
     assert reasoning == f"\n{THOUGHT}\n"
-    assert content == '\n\n{"city": "Paris", "days": 3}'
+    assert content == '{"city": "Paris", "days": 3}'  # the separator is layout
     jsonschema.validate(json.loads(content), SCHEMA)
     assert final.num_reasoning_tokens == len(engine.client.tokenizer().encode(f"\n{THOUGHT}\n"))
 
@@ -188,22 +194,10 @@ def test_tool_call_in_thought_against_a_json_grammar_is_banned(engine):
 
 
 def test_tool_call_in_thought_against_a_tool_grammar_is_the_answer(engine):
-    tag = {
-        "type": "tag",
-        "begin": {"type": "token", "token": "<tool_call>"},
-        "content": {
-            "type": "sequence",
-            "elements": [
-                {"type": "const_string", "value": '\n{"name": "f", "arguments": '},
-                {"type": "json_schema", "json_schema": {"type": "object", "properties": {}}},
-                {"type": "const_string", "value": "}\n"},
-            ],
-        },
-        "end": {"type": "token", "token": "</tool_call>"},
-    }
-    spec = StructuredOutputSpec(
-        "structural_tag", json.dumps({"type": "structural_tag", "format": tag})
-    )
+    fmt = create_tool_format("hermes", engine.client.tokenizer())
+    tool = FunctionTool("f", {"type": "object", "properties": {}})
+    grammar = fmt.constraint([tool], named=None, parallel=False)
+    spec = StructuredOutputSpec(grammar.kind.value, grammar.value)
     ids, final, reasoning, content = _run(engine, "[tool-in-thought]", spec=spec)
     assert final.finish_reason == FinishReason.STOP, final.error
     assert reasoning == "\nI will call it "
@@ -221,7 +215,11 @@ def test_errors_end_their_own_request_while_50_others_finish(tmp_path):
         "too_big": StructuredOutputSpec("regex", "a" * 200_000),
     }
     h = EngineHarness(
-        EngineConfig(model="random", compile_timeout_s=1.5, max_spec_bytes=100_000, seed=5)
+        EngineConfig(
+            model="random",
+            seed=5,
+            structured_output=StructuredOutputConfig(compile_timeout_s=1.5, max_spec_bytes=100_000),
+        )
     )
     try:
         good_spec = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))

@@ -11,6 +11,7 @@ import pytest
 from engine_core.config import EngineConfig
 from frontend.config import FrontendConfig
 from frontend.serving import ChatFrontend
+from structured_output.config import StructuredOutputConfig
 from tests.support.engine import EngineHarness
 
 
@@ -30,8 +31,14 @@ def engine_factory(tmp_path_factory):
     def make(rules: list[dict[str, str]], **config: Any) -> Engine:
         script = tmp_path_factory.mktemp("engine") / "script.json"
         script.write_text(json.dumps({"rules": rules, "default": "Nothing is scripted."}))
-        settings: dict[str, Any] = {"tokenizer": "qwen3", "device": "cpu", "compile_workers": 1}
-        cfg = EngineConfig(model="scripted", script=str(script), **{**settings, **config})
+        settings: dict[str, Any] = {
+            "tokenizer": "qwen3",
+            "device": "cpu",
+            "structured_output": StructuredOutputConfig(compile_workers=1),
+        }
+        cfg = EngineConfig(
+            model="scripted", runner_options={"script": str(script)}, **{**settings, **config}
+        )
         engines.append(Engine(cfg))
         return engines[-1]
 

@@ -30,3 +30,6 @@ def test_demo_runs_and_exits_0():
     assert out.count("finish_reason  tool_calls") >= 5
     assert "finish_reason  stop" in out
     assert "reasoning 0" in out  # the request with thinking off
+    # the template's newlines around the thinking are not part of it
+    assert 'reasoning      "\\n' not in out and '\\n"\n' not in out
+    assert '[0] get_weather {"city": "Berlin", "unit": ' in out

@@ -200,11 +200,13 @@ def test_thinking_then_a_required_call(engine, fe):
     reasoning, content, calls, finish, usage = both(
         engine, fe, body("What is the weather in Paris?", tools=TOOLS, tool_choice="required")
     )
-    assert reasoning == "\nThe user asks about Paris. I will use a tool.\n"
+    assert reasoning == "The user asks about Paris. I will use a tool."
     assert content is None
     assert calls == [("get_weather", json.dumps({"city": "Paris"}))]
     assert finish == "tool_calls"
-    assert usage.completion_tokens_details.reasoning_tokens == len(TOK.encode(reasoning))
+    # the thinking's tokens, the template's newlines inside the markers included
+    thought = "\n" + reasoning + "\n"
+    assert usage.completion_tokens_details.reasoning_tokens == len(TOK.encode(thought))
 
 
 def test_the_same_with_thinking_off(engine, fe):
@@ -268,10 +270,11 @@ def test_a_call_written_while_thinking_ends_the_thinking(engine, fe):
     reasoning, content, calls, finish, usage = both(
         engine, fe, body("Call while thinking", tools=TOOLS, tool_choice="required")
     )
-    assert reasoning == "\nI will call it right away "
+    assert reasoning == "I will call it right away "
     assert content is None and finish == "tool_calls"
     assert calls == [("get_weather", json.dumps({"city": "Nice"}))]
-    assert usage.completion_tokens_details.reasoning_tokens == len(TOK.encode(reasoning))
+    # the opening newline is the template's layout, yet a token of the thinking
+    assert usage.completion_tokens_details.reasoning_tokens == len(TOK.encode("\n" + reasoning))
 
 
 def test_json_schema_way_of_forcing_calls(engine):
@@ -300,7 +303,7 @@ def test_a_malformed_call_is_repaired(engine, fe):
     reasoning, _, calls, finish, _ = both(
         engine, fe, body("Broken call, please.", tools=TOOLS, tool_choice="required")
     )
-    assert reasoning == "\nThe user asks about a broken call. I will use a tool.\n"
+    assert reasoning == "The user asks about a broken call. I will use a tool."
     assert len(calls) == 1 and finish == "tool_calls"
     assert_valid_calls(calls, {"get_weather"})
 
@@ -309,7 +312,7 @@ def test_max_tokens_cut_gives_length(engine, fe):
     b = body("What is the weather in Paris?", tools=TOOLS, tool_choice="required", max_tokens=20)
     reasoning, _, calls, finish, usage = both(engine, fe, b)
     assert finish == "length" and usage.completion_tokens == 20
-    assert reasoning.startswith("\nThe user asks about Paris.")
+    assert reasoning.startswith("The user asks about Paris.")
     story = both(engine, fe, body("Tell a story", max_tokens=3))
     assert story[3] == "length" and story[4].completion_tokens == 3
 
@@ -341,7 +344,7 @@ def test_json_schema_response_format(engine, fe, thinking):
     jsonschema.validate(json.loads(content), ANSWER_SCHEMA)  # in content, never in reasoning
     assert finish == "stop" and not calls
     if thinking:
-        assert reasoning == "\nI know this one.\n"
+        assert reasoning == "I know this one."
         assert json.loads(content) == {"city": "Paris", "temp_c": 21}
     else:
         assert reasoning is None
@@ -380,7 +383,7 @@ def test_json_schema_response_format(engine, fe, thinking):
 )
 def test_other_constraints(engine, fe, extra, check):
     reasoning, content, calls, finish, _ = both(engine, fe, body("JSON answer", **extra))
-    assert reasoning == "\nI know this one.\n" and not calls and finish == "stop"
+    assert reasoning == "I know this one." and not calls and finish == "stop"
     assert check(content), content
 
 
@@ -395,7 +398,7 @@ def test_include_reasoning_false_drops_reasoning_only(engine, fe):
 
 def test_stop_strings_cut_the_text(engine, fe):
     reasoning, content, _, finish, _ = both(engine, fe, body("Tell a story", stop=[" STOP", "zzz"]))
-    assert reasoning == "\nA short story.\n"
+    assert reasoning == "A short story."
     assert content == "Once upon a time a" and finish == "stop"
 
 

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_core.client import RequestOutput
-from frontend.response import ChunkMaker, CompletionAccumulator, OutputProcessor, StopStringGate
+from frontend.chunks import ChunkMaker, CompletionAccumulator
+from frontend.response import OutputProcessor
 from frontend.tool_formats import FunctionTool, create_tool_format
 from ipc import FinishReason
 from reasoning import create_reasoning_parser
@@ -37,7 +38,6 @@ def processor(*, kwargs=None, tools=True, prompt=PROMPT_ON, **extra) -> OutputPr
         token_bytes=TOK.token_bytes,
         prompt_tokens=len(prompt),
         tracker=tracker,
-        separator=parser.content_separator,
         tool_parser=fmt.new_parser(TOOLS) if tools else None,
         **extra,
     )
@@ -73,7 +73,8 @@ def ids_of(text: str, eos: bool = True) -> list[int]:
 def test_thinking_then_a_call():
     ids = ids_of(THOUGHT + CALL_A)
     msg, reason, usage, _ = run(ids, stop_reason=EOS)
-    assert msg.reasoning == "\nThe user wants the weather: é, 東京.\n"
+    # the template's newlines inside the markers are layout, not thinking
+    assert msg.reasoning == "The user wants the weather: é, 東京."
     assert msg.content is None  # the separator after </think> is layout
     assert [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls] == [
         ("get_weather", {"city": "Paris"})
@@ -183,11 +184,13 @@ def test_parallel_calls_off_keeps_the_first():
 
 
 def test_length_keeps_what_parsed():
-    ids = TOK.encode(THOUGHT + CALL_A + "\n" + CALL_B[:-20])
+    cut = CALL_B[:-20]
+    ids = TOK.encode(THOUGHT + CALL_A + "\n" + cut)
     msg, reason, _, _ = run(ids, finish=FinishReason.LENGTH)
     assert reason == "length"
     calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls]
-    assert calls == [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": ')]
+    assert calls == [("get_weather", '{"city": "Paris"}')]
+    assert msg.content == cut.rstrip()  # a call cut short is no call: its text is content
     cut_in_thought = run(TOK.encode(THOUGHT)[:5], finish=FinishReason.LENGTH)
     assert cut_in_thought[1] == "length" and cut_in_thought[0].content is None
 
@@ -203,12 +206,16 @@ def test_separator_only_after_thinking():
         ids_of("\n\nKept."), stop_reason=EOS, kwargs={"enable_thinking": False}, prompt=PROMPT_OFF
     )
     assert off[0].content == "\n\nKept."
-    # a partial separator is content
-    partial = run(ids_of("<think>\nx\n</think>\nOne newline."), stop_reason=EOS)
-    assert partial[0].content == "\nOne newline."
+    # a partial separator is layout too; the next token is the answer's, whole
+    ids = ids_of("<think>\nx\n</think>\nOne newline.")
+    assert TOK.token_bytes(ids[ids.index(TOK.id_of("</think>")) + 1]) == b"\n"
+    partial = run(ids, stop_reason=EOS)
+    assert partial[0].content == "One newline."
+    # a token running past the separator is not layout: the grammar saw it, so it stays
     ids = ids_of("<think>\nx\n</think>\n\n\nThree.")
+    assert TOK.token_bytes(ids[ids.index(TOK.id_of("</think>")) + 1]) == b"\n\n\n"
     more = run(ids, range(1, len(ids)), stop_reason=EOS)
-    assert more[0].content == "\nThree."
+    assert more[0].content == "\n\n\nThree."
 
 
 def test_engine_error_and_abort():
@@ -220,68 +227,6 @@ def test_engine_error_and_abort():
     assert resp.error.code == 500 and resp.error.message == "the grammar broke"
     assert processor().error_response(produced_tokens=False).error.code == 400
     assert run(TOK.encode("Hi"), finish=FinishReason.ABORT)[1] == "abort"
-
-
-# ----- stop strings ------------------------------------------------------------------
-
-
-def client_stop(ids: list[int], stops: list[str]) -> tuple[list[int], str] | None:
-    """What the engine client yields for a stop string: the ids up to the one that
-    completes it (the first such id), and the stop string."""
-    text = ""
-    for i in range(len(ids)):
-        text = TOK.decode(ids[: i + 1])
-        for s in stops:
-            if s in text:
-                return ids[: i + 1], s
-    return None
-
-
-STOP_TEXTS = [
-    ("<think>\nPlan: step one. END of plan\n</think>\n\nAnswer here.", "END"),
-    ("<think>\nok\n</think>\n\nThe answer is 42. FINAL words", " FINAL"),
-    ("<think>\nok\n</think>\n\nSplit insideword here", "sidew"),
-    ("<think>\nok\n</think>\n\nUnicode 東京 then stop 東京!", "京 then"),
-    ("<think>\nok\n</think>\n\n" + CALL_A + " trailing STOP", "STOP"),
-]
-
-
-@pytest.mark.parametrize(("text", "stop"), STOP_TEXTS)
-def test_stop_strings_cut_the_text_before_them(text, stop):
-    ids = TOK.encode(text)
-    kept, s = client_stop(ids, [stop, "NEVER-SEEN"])
-    raw = TOK.decode(kept)
-    cut = raw[: raw.index(stop)]
-    # the reference: the cut text, split as a whole
-    stops = [stop, "NEVER-SEEN"]
-    whole = norm(run(kept, stop_reason=s, stop=stops))
-    ref = norm(run(TOK.encode(cut), finish=FinishReason.STOP, stop_reason=None))
-    assert whole[:4] == ref[:4]
-    reasoning, content = whole[:2]
-    assert stop not in (content or "") + (reasoning or "")
-    for k in range(1, len(kept)):
-        assert norm(run(kept, [k], stop_reason=s, stop=stops)) == whole, k
-
-
-def test_stop_strings_never_stream_a_prefix():
-    text = "<think>\nok\n</think>\n\nabc ST abc STO abc STOP tail"
-    ids = TOK.encode(text)
-    kept, s = client_stop(ids, ["STOP"])
-    streamed = ""
-    for i, d in enumerate(run(kept, range(1, len(kept)), stop_reason=s, stop=["STOP"])[3]):
-        streamed += d.content
-        assert "STOP" not in streamed, i
-    assert streamed == "abc ST abc STO abc "
-
-
-def test_stop_string_gate_releases_whole_tokens_only():
-    gate = StopStringGate(["ABCD"], TOK.token_bytes)
-    ids = TOK.encode("xx yy zz AB")
-    released = gate.push(ids)
-    held = ids[len(released) :]
-    assert b"".join(TOK.token_bytes(t) for t in held).endswith(b"AB")
-    assert len(b"".join(TOK.token_bytes(t) for t in held[1:])) < 3
-    assert gate.flush() == held
 
 
 def test_work_per_token_does_not_grow_with_the_output():

@@ -174,7 +174,10 @@ def test_bytes_and_mappings_decode_alike():
     ("extra", "param"),
     [
         ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"echo": True}, "echo"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": -1}, "max_completion_tokens"),
         ({"temperature": 3}, "temperature"),

@@ -69,11 +69,19 @@ def _think(
     implicit: Sequence[str] = (),
     lead: bytes = b"",
     wrapper: oracles.Wrapper | None = None,
+    separator: bytes = b"",
 ) -> Oracle:
     def oracle(tok: Tokenizer, ids: Sequence[int], phase: Phase) -> Expected:
-        extra = {"wrapper": wrapper} if wrapper else {}
         return oracles.think_tags(
-            tok, ids, phase, start=start, end=end, implicit=implicit, lead=lead, **extra
+            tok,
+            ids,
+            phase,
+            start=start,
+            end=end,
+            implicit=implicit,
+            lead=lead,
+            wrapper=wrapper,
+            separator=separator,
         )
 
     return oracle
@@ -84,11 +92,18 @@ def _text(
     ends: Sequence[str],
     implicit: Sequence[str] = (),
     wrapper: oracles.Wrapper | None = None,
+    separator: bytes = b"",
 ) -> Oracle:
     def oracle(tok: Tokenizer, ids: Sequence[int], phase: Phase) -> Expected:
-        extra = {"wrapper": wrapper} if wrapper else {}
         return oracles.text_markers(
-            tok, ids, phase, starts=starts, ends=ends, implicit=implicit, **extra
+            tok,
+            ids,
+            phase,
+            starts=starts,
+            ends=ends,
+            implicit=implicit,
+            wrapper=wrapper,
+            separator=separator,
         )
 
     return oracle
@@ -146,7 +161,7 @@ CASES: tuple[Case, ...] = (
         "qwen3",
         "qwen3",
         "qwen3",
-        _think(implicit=("<tool_call>",)),
+        _think(implicit=("<tool_call>",), separator=b"\n\n"),
         specials=("<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_end|>"),
         texts=THINK_TEXT,
         opens=("<think>",),
@@ -156,7 +171,7 @@ CASES: tuple[Case, ...] = (
         "deepseek_r1",
         "deepseek_r1",
         "llama3",
-        _think(),
+        _think(separator=b"\n\n"),
         added=("<think>", "</think>"),
         specials=("<think>", "</think>", "<|eot_id|>"),
         texts=THINK_TEXT,
@@ -179,7 +194,7 @@ CASES: tuple[Case, ...] = (
         "glm45",
         "glm45",
         "llama3",
-        _think(implicit=("<tool_call>",), lead=b"\n"),
+        _think(implicit=("<tool_call>",), lead=b"\n", separator=b"\n"),
         added=("<think>", "</think>", "<tool_call>"),
         specials=("<think>", "</think>", "<tool_call>"),
         texts=(*THINK_TEXT, "\n", "\n\n"),
@@ -201,7 +216,7 @@ CASES: tuple[Case, ...] = (
         "minimax_m2",
         "minimax_m2",
         "llama3",
-        _think(),
+        _think(separator=b"\n\n"),
         added=("<think>", "</think>"),
         specials=("<think>", "</think>"),
         texts=THINK_TEXT,
@@ -248,6 +263,7 @@ CASES: tuple[Case, ...] = (
         _text(
             ("Here is my thought process:", "Here's my thought process:"),
             ("Here is my response:", "Here's my response:"),
+            separator=b"\n",
         ),
         texts=GRANITE_TEXT,
         opens=("Here is my thought process:", "Here's my thought process:\n"),
@@ -257,7 +273,12 @@ CASES: tuple[Case, ...] = (
         "hunyuan_a13b",
         "hunyuan_a13b",
         "cl100k_base",
-        _text(("<think>\n",), ("\n</think>\n", "</think>\n"), wrapper=HUNYUAN_WRAP),
+        _text(
+            ("<think>\n",),
+            ("\n</think>\n", "</think>\n"),
+            wrapper=HUNYUAN_WRAP,
+            separator=b"<answer>\n",
+        ),
         texts=HUNYUAN_TEXT,
         opens=("<think>\n", "<think>\n\n"),
         closes=("\n</think>\n<answer>\n", "</think>\n<answer>\nyes\n</answer>", "\n</think>\n\n"),
@@ -266,7 +287,7 @@ CASES: tuple[Case, ...] = (
         "ernie45",
         "ernie45",
         "llama3",
-        _think(wrapper=ERNIE_WRAP),
+        _think(wrapper=ERNIE_WRAP, separator=b"\n\n<response>\n"),
         added=("<think>", "</think>"),
         specials=("<think>", "</think>"),
         texts=("<response>", "</response>", "<response>\n", "\n</response>\n", "</resp", "\n"),
@@ -277,7 +298,7 @@ CASES: tuple[Case, ...] = (
         "ernie45-special-response",
         "ernie45",
         "qwen3",
-        _think(wrapper=ERNIE_WRAP),
+        _think(wrapper=ERNIE_WRAP, separator=b"\n\n<response>\n"),
         added=("<response>", "</response>"),
         specials=("<think>", "</think>", "<response>", "</response>"),
         texts=("\n", "\n\n"),

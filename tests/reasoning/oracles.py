@@ -33,6 +33,20 @@ def _same(data: bytes) -> bytes:
     return data
 
 
+def after_layout(pieces: Sequence[bytes], separator: bytes, wrapper: Wrapper | None) -> bytes:
+    """Content after an explicit end marker: leading pieces each a non-empty prefix of
+    what is left of ``separator`` are layout, dropped; with a wrapper, a separator
+    written whole is handed to it as the answer's opening."""
+    k, left = 0, separator
+    while k < len(pieces) and left and pieces[k] and left.startswith(pieces[k]):
+        left = left[len(pieces[k]) :]
+        k += 1
+    rest = b"".join(pieces[k:])
+    if wrapper is None:
+        return rest
+    return wrapper(separator + rest) if separator and not left else wrapper(rest)
+
+
 def wrapper_stripper(open_tag: bytes, close_tag: bytes, strip_leading: bool) -> Wrapper:
     """Content rule of an answer wrapper: leading newlines (optionally), the open tag and
     the newlines after it; the first close tag with the newlines around it."""
@@ -59,15 +73,17 @@ def think_tags(
     end: str,
     implicit: Sequence[str] = (),
     lead: bytes = b"",
-    wrapper: Wrapper = _same,
+    wrapper: Wrapper | None = None,
+    separator: bytes = b"",
 ) -> Expected:
     """Single-token markers, read on ids."""
+    wrap = wrapper or _same
     tb, sp = tok.token_bytes, tok.special_ids
     s_id, e_id = tok.special_tokens[start], tok.special_tokens[end]
     imp = {tok.special_tokens[m] for m in implicit}
     raw = b"".join(tb(t) for t in ids)
     if phase == Phase.ANSWER:
-        return Expected(b"", wrapper(raw), None, b"", 0)
+        return Expected(b"", wrap(raw), None, b"", 0)
     i = 0
     if phase == Phase.UNDECIDED:
         acc = b""
@@ -75,14 +91,15 @@ def think_tags(
             acc += tb(ids[i])
             i += 1
         if i == len(ids):
-            return Expected(b"", wrapper(acc), None, b"", 0)
+            return Expected(b"", wrap(acc), None, b"", 0)
         if ids[i] != s_id:
-            return Expected(b"", wrapper(raw), 0, b"", 0)
+            return Expected(b"", wrap(raw), 0, b"", 0)
         i += 1
     body: list[int] = []
+    explicit = False
     for k in range(i, len(ids)):
         if ids[k] == e_id:
-            answer_at = k + 1
+            answer_at, explicit = k + 1, True
             break
         if ids[k] in imp:
             answer_at = k
@@ -94,7 +111,11 @@ def think_tags(
     reasoning = b"".join(tb(t) for t in body)
     if answer_at is None:
         return Expected(reasoning, b"", None, b"", len(body))
-    content = wrapper(b"".join(tb(t) for t in ids[answer_at:]))
+    pieces = [tb(t) for t in ids[answer_at:]]
+    if explicit:
+        content = after_layout(pieces, separator, wrapper)
+    else:
+        content = wrap(b"".join(pieces))
     return Expected(reasoning, content, answer_at, b"", len(body))
 
 
@@ -117,9 +138,11 @@ def text_markers(
     starts: Sequence[str],
     ends: Sequence[str],
     implicit: Sequence[str] = (),
-    wrapper: Wrapper = _same,
+    wrapper: Wrapper | None = None,
+    separator: bytes = b"",
 ) -> Expected:
     """Text markers, read on the decoded bytes; token positions from byte offsets."""
+    wrap = wrapper or _same
     chunks = [tok.token_bytes(t) for t in ids]
     assert all(chunks), "the generators emit no empty tokens"
     offs = [0]
@@ -133,22 +156,27 @@ def text_markers(
     limit = offs[first_imp] if first_imp is not None else len(data)
 
     if phase == Phase.ANSWER:
-        return Expected(b"", wrapper(data), None, b"", 0)
+        return Expected(b"", wrap(data), None, b"", 0)
     opened = [s for s in start_b if data[:limit].startswith(s)]
     pos = len(min(opened, key=len)) if opened else 0
     if phase == Phase.UNDECIDED and not opened:
         undecided = first_imp is None and any(
             s.startswith(data) and len(s) > len(data) for s in start_b
         )
-        return Expected(b"", wrapper(data), None if undecided else 0, b"", 0)
+        return Expected(b"", wrap(data), None if undecided else 0, b"", 0)
 
     found = _first_completion(data[pos:limit], end_b)
     if found is not None:
         r_end, e = pos + found[0], pos + found[1]
         last = next(t for t in range(len(ids)) if offs[t] < e <= offs[t + 1])
-        answer_at, prefix, content = last + 1, data[e : offs[last + 1]], wrapper(data[e:])
+        answer_at, prefix = last + 1, data[e : offs[last + 1]]
+        pieces = [prefix] if prefix else []
+        pieces += chunks[answer_at:]
+        content = after_layout(pieces, separator, wrapper)
+        if prefix and separator.startswith(prefix):
+            prefix = b""  # layout, not the answer's
     elif first_imp is not None:
-        r_end, answer_at, prefix, content = limit, first_imp, b"", wrapper(data[limit:])
+        r_end, answer_at, prefix, content = limit, first_imp, b"", wrap(data[limit:])
     else:
         r_end, answer_at, prefix, content = len(data), None, b"", b""
     count = sum(1 for t in range(len(ids)) if offs[t] < r_end and offs[t + 1] > pos)

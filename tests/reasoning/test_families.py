@@ -35,7 +35,8 @@ def split_at_every_point(
     """The split of ``head`` then ``text`` as ordinary tokens encoded in two pieces, cut
     at every character, fed one token at a time: the set of distinct (reasoning,
     content) results. With ``raw_content``, also checks that the content is the answer
-    start's prefix plus the bytes of the tokens from the answer start on."""
+    start's prefix plus the bytes of the tokens from the answer start on, less a
+    leading layout (a prefix of the family's separator)."""
     results = set()
     for cut in range(len(text) + 1):
         pieces = tok.encode(text[:cut], special=False) + tok.encode(text[cut:], special=False)
@@ -51,7 +52,9 @@ def split_at_every_point(
         tail = tracker.flush()
         r, c = r + tail.reasoning, c + tail.content
         if raw_content and answer is not None:
-            assert c == answer[1] + tok.decode_bytes(ids[answer[0] :])
+            whole = answer[1] + tok.decode_bytes(ids[answer[0] :])
+            assert whole.endswith(c)
+            assert p.content_separator.startswith(whole[: len(whole) - len(c)])
         results.add((r, c))
     return results
 
@@ -116,7 +119,7 @@ def test_deepseek_r1_output_without_start_marker(llama3: Tokenizer) -> None:
     assert p.prompt_phase(prompt) == Phase.THINKING
     assert p.prompt_phase(tok.encode("<｜User｜>2+2?<｜Assistant｜>")) == Phase.THINKING
     out = tok.encode("Two and two.</think>\n\nThe answer is 4.")
-    assert p.split(out, prompt) == ("Two and two.", "\n\nThe answer is 4.")
+    assert p.split(out, prompt) == ("Two and two.", "The answer is 4.")
     # A start marker written anyway is dropped, and not counted.
     stream = p.stream(prompt)
     stream.push(tok.encode("<think>Two and two.</think>4"))
@@ -130,7 +133,10 @@ def test_deepseek_v3_thinking_switch(llama3: Tokenizer) -> None:
     on = parser("deepseek_v3", tok, thinking=True)
     also_on = parser("deepseek_v3", tok, enable_thinking=True)
     out = tok.encode("<think>hm</think>ok")
-    assert off.reasoning_ended(tok.encode("<｜Assistant｜><think>"))
+    # Off: no reasoning where the prompt says nothing; a prompt that opens it decides.
+    assert off.reasoning_ended(tok.encode("<｜Assistant｜>"))
+    assert off.reasoning_ended(tok.encode("<｜Assistant｜></think>"))
+    assert off.prompt_phase(tok.encode("<｜Assistant｜><think>")) == Phase.THINKING
     assert off.split(out) == (None, "<think>hm</think>ok")
     assert on.prompt_phase(tok.encode("<｜Assistant｜><think>")) == Phase.THINKING
     assert on.prompt_phase(tok.encode("<｜Assistant｜></think>")) == Phase.ANSWER
@@ -147,7 +153,7 @@ def test_glm45_newline_before_think(llama3: Tokenizer) -> None:
     prompt = tok.encode("<|assistant|>")
     ids = tok.encode("\n<think>Let me see.</think>\nSure.")
     assert p.prompt_phase(prompt) == Phase.UNDECIDED
-    assert p.split(ids, prompt) == ("Let me see.", "\nSure.")
+    assert p.split(ids, prompt) == ("Let me see.", "Sure.")
     t = p.new_tracker(Phase.UNDECIDED)
     newline = tok.encode("\n")[0]
     assert set(t.start_marker_continuations()) >= {tok.special_tokens["<think>"], newline}
@@ -188,7 +194,7 @@ def test_minimax_m2_starts_inside_reasoning(llama3: Tokenizer) -> None:
     prompt = tok.encode("]~b]user\nhi[e~[\n]~b]ai\n<think>\n")
     assert p.prompt_phase(prompt) == Phase.THINKING
     assert p.prompt_phase(tok.encode("]~b]ai\n")) == Phase.THINKING
-    assert p.split(tok.encode("hmm\n</think>\n\nHello"), prompt) == ("hmm\n", "\n\nHello")
+    assert p.split(tok.encode("hmm\n</think>\n\nHello"), prompt) == ("hmm\n", "Hello")
 
 
 def test_seed_oss_like_qwen3(qwen3: Tokenizer) -> None:
@@ -251,7 +257,9 @@ GRANITE = "Here is my thought process:\nIt is 4.\nHere is my response:\n\nFour."
 def test_granite_end_marker_cut_anywhere(llama3: Tokenizer) -> None:
     p = parser("granite", llama3)
     results = split_at_every_point(p, llama3, Phase.UNDECIDED, GRANITE, raw_content=True)
-    assert results == {(b"\nIt is 4.\n", b"\n\nFour.")}
+    # The separator (one newline) is layout where a token of its own carries it; a
+    # "\n\n" token runs past it and is the answer's, whole.
+    assert results == {(b"\nIt is 4.\n", b"\nFour."), (b"\nIt is 4.\n", b"\n\nFour.")}
 
 
 def test_granite_last_marker_token_carries_the_answer(llama3: Tokenizer) -> None:

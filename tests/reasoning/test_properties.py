@@ -180,3 +180,50 @@ def test_engine_hints(case: Case, data: st.DataObject) -> None:
             tracker.rollback(len(forced))
             assert tracker.phase == Phase.THINKING
         tracker.advance(ids[i : i + 1])
+
+
+def _grammar_text(parser, phase: Phase, ids: Sequence[int]) -> bytes | None:
+    """What the engine would feed an answer's grammar, driving the tracker token by
+    token as the engine's guide does: the tokens of an undecided stretch that turned
+    out to be the answer, the closing token of an implicit end, the bytes a text marker
+    carries after it, and every answer token but layout (`take_layout`). None when the
+    output never reaches its answer."""
+    tb = parser.tokenizer.token_bytes
+    tracker = parser.new_tracker(phase)
+    if phase == Phase.ANSWER:
+        return b"".join(tb(t) for t in ids)
+    fed: list[bytes] | None = None
+    layout = False
+    for i, t in enumerate(ids):
+        if fed is not None:
+            if layout:
+                if tracker.take_layout(t):
+                    layout = tracker.in_layout
+                    continue
+                layout = False
+            fed.append(tb(t))
+            continue
+        start = tracker.advance([t])
+        if start is None:
+            continue
+        first = i + start.index
+        fed = [start.prefix] + [tb(x) for x in ids[max(first, 0) : i + 1]]
+        layout = tracker.in_layout
+    return None if fed is None else b"".join(fed)
+
+
+@_settings(60)
+@given(data=st.data())
+def test_content_is_what_the_grammar_saw(case: Case, data: st.DataObject) -> None:
+    """Layout is read alike on both sides: for a family without an answer wrapper, the
+    front end's content is exactly the text the engine feeds the answer's grammar."""
+    parser = parser_for(case)
+    if getattr(parser, "answer_wrapper", None) is not None:
+        return  # the wrapper takes its tags out of the content (test_families)
+    phase, ids = _draw_output(data, case)
+    fed = _grammar_text(parser, phase, ids)
+    _, content, found = _feed_text(parser.new_tracker(phase), [ids])
+    if fed is None:
+        assert found is None
+        return
+    assert content == fed

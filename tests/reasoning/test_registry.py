@@ -1,4 +1,5 @@
-"""The registry: names, errors, plugins, and every family's marker validation."""
+"""The reasoning registry: names, errors, plugins, and every family's marker
+validation (parametrized from the registry, so a new family cannot go untested)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from reasoning import (
+    REASONING_PARSERS,
     ReasoningError,
     create_reasoning_parser,
     get_reasoning_parser_class,
@@ -16,7 +18,10 @@ from reasoning import (
 )
 from tokenization import Tokenizer
 
-FAMILIES = (
+from .cases import CASES
+
+#: the built-in families (none may go missing from the registry)
+BUILT_IN = (
     "qwen3",
     "deepseek_r1",
     "deepseek_v3",
@@ -35,29 +40,51 @@ FAMILIES = (
 
 
 def test_every_family_is_registered() -> None:
-    assert set(FAMILIES) <= set(reasoning_parser_names())
-    for name in FAMILIES:
-        assert get_reasoning_parser_class(name).name == name
+    assert set(BUILT_IN) <= set(reasoning_parser_names())
+    assert reasoning_parser_names() == REASONING_PARSERS.names()
+
+
+def test_every_family_has_property_cases() -> None:
+    """The property suite (`cases.CASES`) covers every registered family."""
+    assert {c.parser for c in CASES} >= set(reasoning_parser_names())
 
 
 def test_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(KeyError) as err:
         get_reasoning_parser_class("no_such_family")
     message = str(err.value)
-    assert "no_such_family" in message
-    for name in FAMILIES:
+    assert message.startswith("unknown reasoning parser 'no_such_family'; known: ")
+    for name in reasoning_parser_names():
         assert name in message
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", reasoning_parser_names())
 def test_family_builds_on_a_base_vocabulary_with_its_markers(
     name: str, llama3: Tokenizer, harmony: Tokenizer
 ) -> None:
     cls = get_reasoning_parser_class(name)
     base = harmony if name == "openai_gptoss" else llama3
     parser = create_reasoning_parser(name, base.with_special_tokens(cls.special_markers))
+    assert parser.name == name
     for tid in parser.implicit_end_ids:
         assert parser.tokenizer.is_special(tid)
+
+
+def test_one_class_under_two_names(qwen3: Tokenizer, llama3: Tokenizer) -> None:
+    """Registering does not write the name onto the class: each name keeps its own."""
+    cls = get_reasoning_parser_class("qwen3")
+    REASONING_PARSERS.register("test_qwen3_alias")(cls)
+    try:
+        alias = create_reasoning_parser("test_qwen3_alias", qwen3)
+        assert alias.name == "test_qwen3_alias"
+        assert create_reasoning_parser("qwen3", qwen3).name == "qwen3"
+        assert get_reasoning_parser_class("qwen3") is cls
+        without_tool_call = llama3.with_special_tokens(["<think>", "</think>"])
+        with pytest.raises(ReasoningError, match="'test_qwen3_alias'.*'<tool_call>'"):
+            create_reasoning_parser("test_qwen3_alias", without_tool_call)
+    finally:
+        REASONING_PARSERS.unregister("test_qwen3_alias")
+    assert "test_qwen3_alias" not in reasoning_parser_names()
 
 
 @pytest.mark.parametrize(
@@ -114,12 +141,15 @@ def test_plugin_file_registers_a_parser(tmp_path: Path, qwen3: Tokenizer) -> Non
         )
     )
     load_plugin(str(plugin))
-    assert "test_plugin_think" in reasoning_parser_names()
-    parser = create_reasoning_parser("test_plugin_think", qwen3)
-    assert parser.name == "test_plugin_think"
-    ids = qwen3.encode("<think>why</think>because")
-    assert parser.split(ids) == ("why", "because")
-    load_plugin(str(plugin))  # loading the same file again is a no-op
+    try:
+        assert "test_plugin_think" in reasoning_parser_names()
+        parser = create_reasoning_parser("test_plugin_think", qwen3)
+        assert parser.name == "test_plugin_think"
+        ids = qwen3.encode("<think>why</think>because")
+        assert parser.split(ids) == ("why", "because")
+        load_plugin(str(plugin))  # loading the same file again is a no-op
+    finally:
+        REASONING_PARSERS.unregister("test_plugin_think")
 
 
 def test_plugin_that_cannot_be_imported(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from ipc import (
     SamplingParams,
     StructuredOutputSpec,
 )
+from structured_output.config import StructuredOutputConfig
 
 from .conftest import serve
 from .support import (
@@ -167,7 +168,11 @@ def test_compile_workers_exit_when_the_engine_is_killed_mid_compile():
     engine died."""
 
     async def body():
-        client = await EngineClient.spawn(EngineConfig(model="random", compile_timeout_s=300))
+        client = await EngineClient.spawn(
+            EngineConfig(
+                model="random", structured_output=StructuredOutputConfig(compile_timeout_s=300)
+            )
+        )
         try:
             await asyncio.to_thread(_idle_workers, client.proc.pid, 2)
             task = asyncio.create_task(
@@ -281,8 +286,8 @@ def served(tmp_path_factory):
 def test_a_dead_or_frozen_front_end_leaves_no_orphan_work(served, how):
     """A front end process (a real client in a subprocess) with 40 running requests is
     killed, or frozen. Killed, its connection closes and the engine drops it at its
-    next send; frozen, it falls silent and is dropped after --client-timeout-s. Either
-    way its requests end in the engine: no orphan work, no guides left."""
+    next send; frozen, it answers no heartbeat and is dropped after --client-timeout-s.
+    Either way its requests end in the engine: no orphan work, no guides left."""
     n = 40
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     log_before = served.engine.log()
@@ -318,10 +323,9 @@ def test_a_dead_or_frozen_front_end_leaves_no_orphan_work(served, how):
             proc.stdout.close()
     log = served.engine.log()[len(log_before) :]
     assert f"dropped {n} requests of client" in log
-    if how == "SIGSTOP":
-        assert "went silent; dropping its requests" in log
-    else:
-        assert "is gone (its connection closed)" in log or "went silent" in log
+    # killed: its connection closes at once; frozen: ZeroMQ's heartbeats go unanswered
+    # for --client-timeout-s and the engine closes it
+    assert "is gone (its connection closed" in log
     after = served.run(served.client.health)
     assert after.num_running == 0 and after.num_requests == 0 and after.num_guides == 0
     FIGURES[f"front end {how}"] = (
@@ -426,10 +430,8 @@ def test_a_compile_worker_killed_while_idle_costs_nobody(served):
     pid = served.engine.pid
     with background(served.loop, served.client):
         before = _idle_workers(pid, 2, served.engine.log)
-        print("DEBUG kill", before, time.time())
         os.kill(before[0], signal.SIGKILL)
         _wait(lambda: not alive(before[0]), 10, "the idle worker exits")
-        print("DEBUG dead", time.time(), Path(f"/proc/{before[0]}/stat").read_text()[:60])
         assert _after_crash(served, "idle") == []
         after = _idle_workers(pid, 2, served.engine.log)
     assert before[0] not in after

@@ -2,7 +2,8 @@
 DEALER socket, while a normal client's well-formed requests are in flight.
 
 Every frame the engine cannot use gets an `ErrorNotice` (a frame over the size limit
-closes the connection, and the engine logs it); every request it can decode ends
+closes the connection, and the engine logs it), and so does every SHUTDOWN (this
+engine was started without a shutdown token); every request it can decode ends
 exactly once; a health request answered right after proves the engine alive; the
 well-formed requests all finish, the constrained ones validly."""
 
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipc import (
-    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     AbortRequests,
     EngineCoreOutputs,
@@ -35,14 +36,13 @@ from ipc import (
     MsgType,
     SamplingParams,
     Shutdown,
-    StructuredOutputSpec,
     WireError,
 )
 
 from .conftest import serve
 from .support import PROMPT, RawPeer, background, classify, errors_of, outputs_of, rss_kib
+from .wire_strategies import FRAMES, VOCAB, encode_frames
 
-VOCAB = 151_936
 MAX_MODEL_LEN = 1024
 STATS: Counter[str] = Counter()
 
@@ -95,9 +95,6 @@ def exercise(address: str, frames_list: list[list[bytes]]) -> None:
         may: Counter[str] = Counter()  # sent before a GOODBYE: dropped, or ended once
         for frames in frames_list:
             what = classify(frames)
-            if isinstance(what, Shutdown):
-                STATS["shutdown frames not sent"] += 1
-                continue  # any greeted peer may stop the engine; not this test's point
             peer.send(frames)
             STATS["frames sent"] += 1
             if isinstance(what, WireError):
@@ -113,6 +110,9 @@ def exercise(address: str, frames_list: list[list[bytes]]) -> None:
             elif not greeted:
                 want_errors += 1
                 STATS["frames before HELLO"] += 1
+            elif isinstance(what, Shutdown):
+                want_errors += 1  # refused: only the engine's token holder may stop it
+                STATS["shutdowns refused"] += 1
             elif isinstance(what, Goodbye):
                 greeted = False
                 may += must
@@ -150,192 +150,6 @@ def exercise(address: str, frames_list: list[list[bytes]]) -> None:
     finally:
         peer.close()
 
-
-# ----- strategies ------------------------------------------------------------------
-
-EDGE_INTS = [
-    0,
-    1,
-    -1,
-    2,
-    VOCAB - 1,
-    VOCAB,
-    2**31 - 1,
-    2**31,
-    2**32,
-    2**53 + 1,
-    2**63 - 1,
-    2**63,
-    2**64 - 1,
-    -(2**31),
-    -(2**63),
-]
-INT = st.one_of(st.integers(-(2**63), 2**64 - 1), st.sampled_from(EDGE_INTS))
-SCALAR = st.one_of(
-    st.none(), st.booleans(), INT, st.floats(), st.text(max_size=12), st.binary(max_size=12)
-)
-VALUE = st.recursive(
-    SCALAR,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4),
-        st.dictionaries(st.one_of(st.text(max_size=8), INT), inner, max_size=4),
-    ),
-    max_leaves=12,
-)
-SPECS = [
-    ("json_schema", '{"type": "object", "properties": {"a": {"type": "integer"}}}'),
-    ("json_schema", '{"type": "string", "pattern": "^[a-z]+$"}'),
-    ("json_schema", "[1, 2]"),
-    ("json_schema", "not json"),
-    ("json_object", ""),
-    ("regex", "[0-9]{2,4}"),
-    ("regex", "(unclosed"),
-    ("choice", '["yes", "no"]'),
-    ("choice", "[]"),
-    ("grammar", 'root ::= "a" root | "b"'),
-    ("grammar", "root ::= missing"),
-    (
-        "structural_tag",
-        '{"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}',
-    ),
-    ("structural_tag", '{"type": "nonsense"}'),
-    ("yaml", "a: 1"),
-    ("", ""),
-]
-
-
-@st.composite
-def requests(draw) -> EngineCoreRequest:
-    """Well-typed requests with adversarial values."""
-    kind, value = draw(
-        st.one_of(
-            st.sampled_from(SPECS),
-            st.tuples(
-                st.sampled_from(
-                    ["json_schema", "regex", "grammar", "choice", "structural_tag", "x"]
-                ),
-                st.text(max_size=24),
-            ),
-        )
-    )
-    sp = SamplingParams(
-        temperature=draw(st.one_of(st.floats(), st.sampled_from([0.0, 1.0]))),
-        top_p=draw(st.one_of(st.floats(), st.just(1.0))),
-        top_k=draw(st.one_of(INT, st.just(0))),
-        seed=draw(st.one_of(st.none(), INT)),
-        max_tokens=draw(st.one_of(st.integers(-2, 48), INT)),
-        min_tokens=draw(st.one_of(st.integers(-2, 8), INT)),
-        stop_token_ids=draw(st.lists(st.one_of(INT, st.integers(0, VOCAB - 1)), max_size=3)),
-        ignore_eos=draw(st.booleans()),
-    )
-    kwargs = draw(
-        st.one_of(
-            st.none(),
-            st.dictionaries(
-                st.one_of(st.text(max_size=16), st.just("enable_thinking")), VALUE, max_size=3
-            ),
-        )
-    )
-    return EngineCoreRequest(
-        request_id=draw(st.text(max_size=10)),
-        prompt_token_ids=draw(
-            st.one_of(
-                st.just(PROMPT), st.lists(st.one_of(st.integers(0, VOCAB - 1), INT), max_size=8)
-            )
-        ),
-        sampling_params=sp,
-        structured_output=draw(st.one_of(st.none(), st.just(StructuredOutputSpec(kind, value)))),
-        reasoning_ended=draw(st.one_of(st.none(), st.booleans())),
-        reasoning_parser_kwargs=kwargs,
-        reasoning_budget=draw(st.one_of(st.none(), INT, st.integers(0, 8))),
-        arrival_time=draw(st.floats()),
-    )
-
-
-@st.composite
-def plausible_requests(draw) -> EngineCoreRequest:
-    """Requests a front end could send, one odd value at most: most of these run."""
-    kind, value = draw(st.sampled_from(SPECS))
-    sp = SamplingParams(
-        temperature=draw(st.sampled_from([0.0, 0.7, 1.0, 2.0, 1e9])),
-        top_p=draw(st.sampled_from([1.0, 0.9, 1e-9])),
-        top_k=draw(st.sampled_from([0, 1, 50, VOCAB, 2**63 - 1])),
-        seed=draw(st.one_of(st.none(), st.integers(0, 2**64 - 1))),
-        max_tokens=draw(st.integers(1, 32)),
-        min_tokens=draw(st.integers(0, 2)),
-        stop_token_ids=draw(st.lists(st.integers(0, VOCAB - 1), max_size=2)),
-        ignore_eos=draw(st.booleans()),
-    )
-    return EngineCoreRequest(
-        request_id=draw(st.sampled_from(["a", "b", "c", ""])),
-        prompt_token_ids=draw(st.sampled_from([PROMPT, [0], [VOCAB - 1] * 3])),
-        sampling_params=sp,
-        structured_output=draw(st.one_of(st.none(), st.just(StructuredOutputSpec(kind, value)))),
-        reasoning_ended=draw(st.one_of(st.none(), st.booleans())),
-        reasoning_parser_kwargs=draw(
-            st.sampled_from(
-                [None, {}, {"enable_thinking": False}, {"enable_thinking": [1]}, {"x": {2: 3}}]
-            )
-        ),
-        reasoning_budget=draw(st.sampled_from([None, 0, 4])),
-    )
-
-
-def _frames(msg) -> list[bytes]:
-    from ipc.messages import TYPE_OF
-
-    return [bytes([TYPE_OF[type(msg)]]), msgspec.msgpack.encode(msg)]
-
-
-@st.composite
-def mangled(draw) -> list[bytes]:
-    """A request or another message whose encoding is then broken: a field replaced
-    by a value of any type, unknown fields appended, fields cut off, bytes cut off,
-    or sent under another message type."""
-    msg = draw(
-        st.one_of(
-            requests(),
-            st.builds(AbortRequests, st.lists(st.text(max_size=6))),
-            st.builds(HealthRequest, INT),
-            st.builds(Hello, INT, st.text(max_size=8)),
-        )
-    )
-    head, payload = _frames(msg)
-    fields = msgspec.msgpack.decode(payload)
-    op = draw(st.sampled_from(["replace", "append", "cut_fields", "cut_bytes", "retype", "map"]))
-    if op == "replace" and fields:
-        i = draw(st.integers(0, len(fields) - 1))
-        fields[i] = draw(VALUE)
-        payload = msgspec.msgpack.encode(fields)
-    elif op == "append":
-        payload = msgspec.msgpack.encode(fields + draw(st.lists(VALUE, min_size=1, max_size=3)))
-    elif op == "cut_fields":
-        payload = msgspec.msgpack.encode(fields[: draw(st.integers(0, len(fields)))])
-    elif op == "cut_bytes":
-        payload = payload[: draw(st.integers(0, max(0, len(payload) - 1)))]
-    elif op == "retype":
-        head = bytes([draw(st.sampled_from([t for t in MsgType if t != MsgType.SHUTDOWN]))])
-    else:
-        payload = msgspec.msgpack.encode({str(i): f for i, f in enumerate(fields)})
-    return [head, payload]
-
-
-FRAMES = st.one_of(
-    st.lists(st.binary(max_size=40), min_size=1, max_size=4),  # random bytes, any frame count
-    st.tuples(st.integers(0, 255), VALUE).map(  # any type byte, any msgpack value
-        lambda t: [bytes([t[0]]), msgspec.msgpack.encode(t[1])]
-    ),
-    mangled(),
-    requests().map(_frames),
-    plausible_requests().map(_frames),
-    st.builds(Hello, st.one_of(INT, st.just(PROTOCOL_VERSION)), st.text(max_size=8)).map(_frames),
-    st.one_of(
-        st.builds(HealthRequest, INT),
-        st.builds(Heartbeat, st.floats()),
-        st.builds(AbortRequests, st.lists(st.text(max_size=4), max_size=3)),
-        st.builds(Goodbye, st.text(max_size=8)),
-    ).map(_frames),
-)
 
 _SETTINGS = dict(
     deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -391,11 +205,13 @@ def test_named_bad_frames(served):
         peer = RawPeer(served.client.address)
         try:
             # before HELLO
-            _expect_error(peer, _frames(EngineCoreRequest("early", PROMPT)), "HELLO first", "early")
-            _expect_error(peer, _frames(HealthRequest(1)), "HELLO first")
+            _expect_error(
+                peer, encode_frames(EngineCoreRequest("early", PROMPT)), "HELLO first", "early"
+            )
+            _expect_error(peer, encode_frames(HealthRequest(1)), "HELLO first")
             # wrong protocol version, either side of ours
             for v in (0, PROTOCOL_VERSION + 1, 2**64 - 1):
-                _expect_error(peer, _frames(Hello(v, "old")), "protocol version")
+                _expect_error(peer, encode_frames(Hello(v, "old")), "protocol version")
             assert isinstance(peer.hello(), Handshake)
             # unknown message types, frame counts, type-frame sizes
             for t in (0, 8, 16, 21, 255):
@@ -437,7 +253,7 @@ def test_named_bad_frames(served):
                 HealthReply(1, 0, 0, 0),
                 ErrorNotice("x"),
             ):
-                _expect_error(peer, _frames(msg), "unexpected")
+                _expect_error(peer, encode_frames(msg), "unexpected")
             # a payload nested far deeper than any message: must not reach the IO thread's stack
             deep = (
                 b"\x96"
@@ -625,7 +441,7 @@ def test_frame_over_the_size_limit_is_dropped_with_a_log_line(served):
         try:
             peer.hello()
             log_before = served.engine.log().count("connection closed")
-            peer.send([bytes([MsgType.REQUEST]), b"\x00" * (DEFAULT_MAX_FRAME_BYTES + 1)])
+            peer.send([bytes([MsgType.REQUEST]), b"\x00" * (DEFAULT_MAX_MESSAGE_BYTES + 1)])
             STATS["named bad frames"] += 1
             deadline = time.monotonic() + 30
             while served.engine.log().count("connection closed") == log_before:
@@ -645,7 +461,7 @@ def test_a_request_over_the_frame_limit_is_refused_by_the_client(served):
     """Sent, it would close the client's connection, losing the outputs in flight of
     every other stream of that client; the client refuses it before sending."""
     client = served.client
-    huge = EngineCoreRequest("too-big", [151_643] * (DEFAULT_MAX_FRAME_BYTES // 5 + 1))
+    huge = EngineCoreRequest("too-big", [151_643] * (DEFAULT_MAX_MESSAGE_BYTES // 5 + 1))
 
     async def body():
         others = [
@@ -660,7 +476,7 @@ def test_a_request_over_the_frame_limit_is_refused_by_the_client(served):
             for i in range(8)
         ]
         await asyncio.sleep(0.2)
-        with pytest.raises(ValueError, match="frame limit"):
+        with pytest.raises(ValueError, match="message limit"):
             async for _ in client.generate(huge):
                 pass
         return await asyncio.wait_for(asyncio.gather(*others), 120)

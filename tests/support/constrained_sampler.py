@@ -156,6 +156,11 @@ class ConstrainedSampler:
             cg = self._cache[spec] = self._local.compile(spec)
         return cg
 
+    def matcher(self, compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
+        """A matcher of ``compiled`` guarded as the engine guards its matchers
+        (whitespace runs bounded, UTF-8 kept valid: `structured_output.guard`)."""
+        return self._local.matcher(compiled)
+
     def _fill(self, matcher: xgr.GrammarMatcher) -> np.ndarray:
         matcher.fill_next_token_bitmask(self._bitmask)
         return self._bitmask.numpy()[0].view(np.uint32)
@@ -187,7 +192,7 @@ class ConstrainedSampler:
         free_text_ends: Sequence[str] = (),
     ) -> Generation:
         """Tokens until the grammar terminates or ``max_tokens`` tokens were sampled."""
-        matcher = xgr.GrammarMatcher(compiled)
+        matcher = self.matcher(compiled)
         plans = [self.tokenizer.encode(e) for e in free_text_ends]
         plan: list[int] = []
         ids: list[int] = []
@@ -215,7 +220,7 @@ class ConstrainedSampler:
                             break
             if tid is None and rng.random() < 0.5:
                 # half the time no whitespace: a whitespace run is bounded by the
-                # grammar, but every gap in JSON would otherwise fill up
+                # guard, but every gap in JSON would otherwise fill up
                 tid = self._draw(words & self._solid, rng)
             if tid is None:
                 tid = self._draw(words, rng)

@@ -1,6 +1,7 @@
 """Grammars the engine tests share, with checks of their outputs that do not use
-xgrammar: the hermes-style tool-call tag (built by `bench.states.hermes_tag`, the one
-the benchmarks use), a small arithmetic EBNF and its recursive-descent parser."""
+xgrammar: the hermes family's "required" constraint (`bench.states.hermes_tag`, built
+by `create_tool_format` as the front end and the benchmarks build it), a small
+arithmetic EBNF and its recursive-descent parser."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Every tool-call format on a real vocabulary, loaded once per session.
+"""Every registered tool-call format on a real vocabulary, loaded once per session.
 
 Families whose vocabulary is bundled use it (Qwen3 for hermes and qwen3_coder,
-Llama 3 for llama3_json and pythonic, o200k_harmony for Harmony); the others get a
-real base vocabulary with their markers added as special tokens.
+Llama 3 for llama3_json, o200k_harmony for Harmony); the others get a real base
+vocabulary with their markers added as special tokens (`vocab_for`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ import warnings
 
 import pytest
 
-from frontend.tool_formats import FunctionTool, ToolFormat, get_tool_format_class
+from frontend.tool_formats import (
+    FunctionTool,
+    ToolFormat,
+    create_tool_format,
+    get_tool_format_class,
+    tool_format_names,
+)
 from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from tests.support.constrained_sampler import ConstrainedSampler
 from tokenization import Tokenizer, load_tokenizer
@@ -26,32 +32,30 @@ with warnings.catch_warnings(), contextlib.suppress(ImportError):
     import libcst  # noqa: F401
 
 
-#: family -> the vocabulary it is tested on (its own, or a base one for its markers)
-FAMILY_VOCAB = {
-    "hermes": "qwen3",
-    "qwen3_coder": "qwen3",
-    "llama3_json": "llama3",
-    "pythonic": "llama3",
-    "openai": "o200k_harmony",
-    "deepseek_v3": "qwen3",
-    "deepseek_v31": "qwen3",
-    "kimi_k2": "llama3",
-    "glm45": "qwen3",
-    "minimax_m2": "qwen3",
-    "mistral": "llama3",
-}
-FAMILIES = sorted(FAMILY_VOCAB)
+#: the bundled vocabularies, in the order a family's tests prefer them
+VOCABS = ("qwen3", "llama3", "o200k_harmony")
+#: every registered family (a new one is tested as soon as it is registered)
+FAMILIES = tool_format_names()
+
+
+@functools.cache
+def vocab_for(family: str) -> str:
+    """The bundled vocabulary a family is tested on: the one that already has the most
+    of its markers as special tokens (its own), ties to the first of `VOCABS`; the
+    markers it lacks are added."""
+    markers = get_tool_format_class(family).special_markers
+    return max(VOCABS, key=lambda v: sum(m in load_tokenizer(v).special_tokens for m in markers))
 
 
 @functools.cache
 def tokenizer_for(family: str) -> Tokenizer:
     cls = get_tool_format_class(family)
-    return load_tokenizer(FAMILY_VOCAB[family]).with_special_tokens(cls.special_markers)
+    return load_tokenizer(vocab_for(family)).with_special_tokens(cls.special_markers)
 
 
 @functools.cache
 def format_for(family: str) -> ToolFormat:
-    return get_tool_format_class(family)(tokenizer_for(family))
+    return create_tool_format(family, tokenizer_for(family))
 
 
 @functools.cache

@@ -12,8 +12,8 @@ import pytest
 import xgrammar as xgr
 
 from frontend.tool_formats import FunctionTool, ToolFormat, ToolFormatError
-from frontend.tool_formats.grammar import MAX_ENFORCED_LENGTH, MAX_WHITESPACE
-from structured_output import GrammarSpec, SpecKind
+from frontend.tool_formats.grammar import MAX_ENFORCED_LENGTH
+from structured_output import CompileOptions, GrammarSpec, SpecKind
 from tests.support.constrained_sampler import free_text_ends
 from tests.support.roundtrip import call_errors
 
@@ -83,15 +83,31 @@ def test_no_marker_inside_an_argument(family: str) -> None:
 JSON_ARGS = ["hermes", "llama3_json", "mistral", "deepseek_v3", "deepseek_v31", "kimi_k2", "openai"]
 
 
+def guarded_takes(fmt: ToolFormat, compiled: object, text: str) -> bool:
+    """Whether the engine's masks (grammar and guard) allow ``text`` token by token,
+    and the grammar may end after it."""
+    sampler = sampler_for(fmt.tokenizer)
+    matcher = sampler.matcher(compiled)
+    for tid in fmt.tokenizer.encode(text):
+        if tid not in set(sampler.allowed(matcher).tolist()) or not matcher.accept_token(tid):
+            return False
+    return matcher.is_completed() or matcher.is_terminated()
+
+
 @pytest.mark.parametrize("family", JSON_ARGS)
 def test_whitespace_is_bounded(family: str) -> None:
+    """The engine's bound holds in every JSON-argument family: the grammar itself
+    allows any whitespace, the guard allows at most ``max_whitespace`` in a row."""
+    limit = CompileOptions().max_whitespace
+    assert limit is not None
     fmt = format_for(family)
     head, _, tail = EXAMPLES[family][1].partition('"city": "Paris"')
     compiled = grammar(family, tuple(EXAMPLE_TOOLS))
-    within = '"city":' + " " * MAX_WHITESPACE + '"Paris"'
-    beyond = '"city":' + " " * (MAX_WHITESPACE + 1) + '"Paris"'
-    assert takes(fmt, compiled, head + within + tail)
-    assert not takes(fmt, compiled, head + beyond + tail)
+    within = '"city":' + " " * limit + '"Paris"'
+    beyond = '"city":' + " " * (limit + 1) + '"Paris"'
+    assert guarded_takes(fmt, compiled, head + within + tail)
+    assert takes(fmt, compiled, head + beyond + tail)  # the grammar alone: unbounded
+    assert not guarded_takes(fmt, compiled, head + beyond + tail)
 
 
 def test_pythonic_has_no_free_whitespace() -> None:

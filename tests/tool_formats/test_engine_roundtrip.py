@@ -25,14 +25,17 @@ from dataclasses import dataclass, field
 import pytest
 
 from engine_core.config import EngineConfig
-from frontend.tool_formats import ToolFormat, get_tool_format_class
+from frontend.tool_formats import ToolFormat, create_tool_format, get_tool_format_class
 from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
+from structured_output.config import StructuredOutputConfig
 from tests.support.constrained_sampler import free_text_ends
 from tests.support.engine import EngineHarness, collect
 from tests.support.roundtrip import call_errors, random_cuts, same_output, stream_parse
 from tests.support.toolsets import tool_sets
 from tokenization import load_tokenizer
+
+from .conftest import FAMILIES, VOCABS, vocab_for
 
 #: per family: CI runs this many tool sets; ``-m slow`` runs the full hundred
 CI_TOOL_SETS = 10
@@ -40,20 +43,13 @@ FULL_TOOL_SETS = 100
 MAX_TOKENS = 512
 MIN_FINISHED_PCT = 90.0
 
-#: base vocabulary -> the families tested on it (their markers are added to it)
-BASES = {
-    "qwen3": [
-        "hermes",
-        "qwen3_coder",
-        "deepseek_v3",
-        "deepseek_v31",
-        "glm45",
-        "minimax_m2",
-        "json:qwen3",
-    ],
-    "llama3": ["llama3_json", "pythonic", "kimi_k2", "mistral", "json:llama3"],
-    "o200k_harmony": ["openai"],
-}
+#: base vocabulary -> the families tested on it (their markers are added to it), and
+#: the JSON-schema way on two of them
+BASES: dict[str, list[str]] = {v: [] for v in VOCABS}
+for _family in FAMILIES:
+    BASES[vocab_for(_family)].append(_family)
+BASES["qwen3"].append("json:qwen3")
+BASES["llama3"].append("json:llama3")
 CASES = [(base, fam) for base, fams in BASES.items() for fam in fams]
 
 
@@ -111,9 +107,9 @@ def engine(request):
             model="random",
             tokenizer=base,
             extra_special_tokens=markers,
-            ending_texts=_ending_texts(base, markers),
+            runner_options={"ending_texts": _ending_texts(base, markers)},
             max_num_seqs=256,
-            compile_timeout_s=60,
+            structured_output=StructuredOutputConfig(compile_timeout_s=60),
             seed=11,
         )
     )
@@ -125,7 +121,7 @@ def engine(request):
 def _format(name: str, tokenizer) -> ToolFormat:
     if name.startswith("json:"):
         return JsonSchemaToolFormat(tokenizer)
-    return get_tool_format_class(name)(tokenizer)
+    return create_tool_format(name, tokenizer)
 
 
 def _run(engine: EngineHarness, name: str, count: int) -> Figures:

@@ -102,21 +102,33 @@ def test_a_header_never_held_beyond_its_limit() -> None:
                        compare_ids=False)  # fmt: skip
 
 
-def test_a_marker_inside_an_argument_string_ends_the_call() -> None:
-    parsed = parse(
-        "hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa</tool_call>'
-    )
-    assert calls(parsed) == [("get_weather", '{"city": "Pa')]
+def test_arguments_cut_short_by_a_marker_are_not_a_call() -> None:
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa</tool_call>'
+    assert parse("hermes", text) == ParsedOutput(content=text, tool_calls=[])
 
 
-def test_a_new_call_marker_ends_an_open_call() -> None:
-    text = '<tool_call>{"name": "f", "arguments": {"a": 1<tool_call>{"name": "g", "arguments": {}}'
-    assert calls(parse("hermes", text)) == [("f", '{"a": 1'), ("g", "{}")]
+def test_a_new_call_marker_ends_an_open_call_which_is_content() -> None:
+    cut = '<tool_call>{"name": "get_time", "arguments": {"tz": 1'
+    text = cut + '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    parsed = parse("hermes", text)
+    assert (parsed.content, calls(parsed)) == (cut, [WEATHER])
+
+
+def test_a_name_that_is_no_tool_is_not_a_call() -> None:
+    for family in FAMILIES:
+        text = EXAMPLES[family][1].replace("get_weather", "get_wind")
+        parsed = parse(family, text)
+        assert parsed.tool_calls == [], family
+        assert "get_wind" in (parsed.content or ""), family
 
 
 def test_arguments_keep_the_models_text() -> None:
     text = '<tool_call>{"name":"f","parameters":{ "q" : [1,2,{"x":"}\\""}] }}</tool_call>'
-    assert calls(parse("hermes", text)) == [("f", '{ "q" : [1,2,{"x":"}\\""}] }')]
+    parsed = parse("hermes", text, [FunctionTool("f")])
+    assert calls(parsed) == [("f", '{ "q" : [1,2,{"x":"}\\""}] }')]
+    for not_an_object in ("[1]", '"x"', '{"a": NaN}', '{"a": tru}'):
+        text = '<tool_call>{"name": "f", "arguments": ' + not_an_object + "}</tool_call>"
+        assert parse("hermes", text, [FunctionTool("f")]).tool_calls == [], not_an_object
 
 
 RICH = FunctionTool(
@@ -209,11 +221,13 @@ def test_pythonic_reads_literals_without_evaluating() -> None:
         "[get_weather('Paris')]",
         "[get_weather(city=float('inf'))]",
         "[get_weather(city={1, 2})]",
+        "[get_weather(city='Paris'",
+        "[get_weather(city='Paris' tz='CET')]",
+        "[1, 2, 3]",
     ]:
-        parsed = parse("pythonic", bad)
-        assert [c.name for c in parsed.tool_calls] == ["get_weather"]
-        assert parsed.tool_calls[0].arguments == ""
-    assert parse("pythonic", "[1, 2, 3]").tool_calls == []
+        assert parse("pythonic", bad) == ParsedOutput(content=bad, tool_calls=[]), bad
+    parsed = parse("pythonic", "[get_weather(city='Paris'), get_time('CET')]")
+    assert (parsed.content, calls(parsed)) == ("get_time('CET')]", [WEATHER])
 
 
 def test_harmony_messages() -> None:

@@ -1,0 +1,48 @@
+"""The structured-output settings of an engine, each with its command-line flag.
+
+Each field's metadata holds its ``help`` and, where the flag is not the field name
+with dashes, its ``flag`` (the keys `engine_core.options` reads). The engine passes
+this object down whole; defaults are stated here only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _opt(default, help: str, **more):  # noqa: A002 - the argparse name
+    return field(default=default, metadata={"help": help, **more})
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputConfig:
+    max_whitespace: int | None = _opt(
+        16,
+        "the most whitespace characters in a row between the elements of constrained "
+        "JSON, in every constraint (tool calls included; spaces inside strings are content "
+        "and not counted), so that a sampler cannot loop on whitespace until max_tokens "
+        "(none: unbounded)",
+        flag="--json-max-whitespace",
+    )
+    max_spec_bytes: int = _opt(
+        1 << 20, "the largest structured-output spec accepted, in bytes of its text"
+    )
+    compile_workers: int = _opt(2, "grammar compile worker processes")
+    compile_timeout_s: float = _opt(
+        10.0, "a compile that takes longer fails its request (its worker is replaced)"
+    )
+    grammar_cache_mb: int = _opt(512, "compiled grammars kept for reuse, in MiB")
+    max_compiled_grammar_mb: int = _opt(
+        256,
+        "refuse a grammar whose compiled form, serialized, is larger, in MiB (the engine "
+        "needs several times this to load it)",
+    )
+    compile_worker_memory_mb: int = _opt(
+        8192, "address-space cap of each compile worker, in MiB; a compile past it fails"
+    )
+    fill_batch_threshold: int = _opt(
+        64,
+        "masks of this many rows or more are filled by one batched call on threads; "
+        "fewer, by a loop",
+    )
+    fill_threads: int = _opt(2, "threads of the batched mask fill")

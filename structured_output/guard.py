@@ -1,0 +1,367 @@
+"""Two rules every constrained output keeps beyond its grammar, enforced at fill time.
+
+1. **Whitespace runs are bounded.** No run of more than ``limit`` whitespace characters
+   (space, tab, newline, carriage return) between the elements of constrained JSON.
+   What counts is *structural* whitespace: whitespace outside JSON strings. Spaces
+   inside a string are content (a code argument's indentation, an aligned table) and
+   are never cut; a model that loops inside a string is stopped by ``max_tokens``, as
+   any other string would be. This is the rule xgrammar's ``max_whitespace_cnt`` keeps,
+   but the grammar does not carry it: a grammar with a bounded whitespace repetition at
+   every gap of a JSON value makes each fill 2-3 times costlier than one with xgrammar's
+   unbounded whitespace. So JSON is compiled unbounded, and the bound is a mask.
+2. **The output is valid UTF-8.** xgrammar's character classes admit the UTF-8
+   encodings of the surrogates U+D800-U+DFFF (bytes ``ED A0..BF ..``), which no strict
+   decoder accepts; a byte-level vocabulary reaches them by writing ``ED`` at the end of
+   one token and ``A0..BF`` at the start of the next. After a token that ends with
+   ``ED``, tokens that begin with ``A0..BF`` are masked. (No real vocabulary has a token
+   holding ``ED A0..BF`` inside it; one that does is masked always.) xgrammar refuses
+   every other ill-formed sequence (overlong forms, stray continuation bytes, code
+   points past U+10FFFF) by itself. In JSON text, the same holds for escapes: a
+   ``\\u`` escape of a surrogate must be a high one followed at once by a low one
+   (``\\ud83d\\ude00``); a lone one (which JSON's grammar admits, strict parsers
+   refuse, and no UTF-8 encoder can write back) is masked as it would begin.
+
+Each matcher carries a small state (`GuardedMatcher.guard_state`): where the text it
+has accepted stands lexically (`lexing.py`: outside a JSON string, inside one, in an
+escape, or raw text that is not lexed), the length of the whitespace run it ends
+with, and whether its last byte is ``ED``. Accepting a token updates it with one
+lookup in a per-token table. A fill then combines each row with the precomputed mask
+of its state, vectorized over the batch: most states ban only the few tokens that hold
+a whitespace run longer than ``limit`` (about 120 of Qwen3's 151,669), a few dozen
+words per row; only a row whose run already reached the limit, or that stands inside
+a ``\\u`` escape, gets a whole-row mask.
+
+JSON lexing is exact only where the constraint's text outside its JSON values is JSON
+too (markers and literals with balanced quotes): JSON schemas, JSON objects, and
+structural tags made of JSON values, literals and tokens. Other constraints are
+matched as raw text (rule 2 only); a structural tag with free text in it (XML-style
+parameters, Python literals) keeps the bound in its grammar instead
+(`whitespace.bound_in_grammar`).
+
+A whitespace run the grammar itself requires (a literal newline after ``limit``
+spaces) is let through: a row whose mask would allow nothing keeps the grammar's mask.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+import xgrammar as xgr
+
+from .lexing import INVALID, LEAD_ED, NARROW, NUM_STATES, OUT, RAW, STR, WS, lex_tokens, step
+
+#: up to this many rows, `GuardTable.apply` goes row by row
+_FEW = 8
+
+
+class GuardTable:
+    """Per-token transitions and per-state masks of one vocabulary and one ``limit``
+    (None: whitespace unbounded, UTF-8 guarded only).
+
+    A state is ``q = ((lex * K + run) << 1) | after_ed`` with ``K = limit + 1``."""
+
+    def __init__(
+        self,
+        token_bytes: Sequence[bytes],
+        vocab_rows: int,
+        *,
+        special_ids: Collection[int] = (),
+        limit: int | None,
+    ) -> None:
+        if limit is not None and limit < 0:
+            raise ValueError("the whitespace limit must be >= 0 (None: no limit)")
+        self.limit = limit
+        self.vocab_rows = vocab_rows
+        self.words = (vocab_rows + 31) // 32
+        self.k = (limit if limit is not None else 0) + 1
+        tb = [b""] * vocab_rows
+        specials = set(special_ids)
+        for i, b in enumerate(token_bytes[:vocab_rows]):
+            if i not in specials:  # a special token is one marker: no bytes to lex
+                tb[i] = b
+        lex = lex_tokens(tb)
+        cap = self.k - 1
+        codes = []
+        for s in range(NUM_STATES):
+            nxt, trail, pure, length = lex["next"][s], lex["trail"][s], lex["pure"][s], lex["len"]
+            code = ((nxt * self.k + np.minimum(trail, cap)) << 1) | lex["ends_ed"]
+            codes.append(array("i", np.where(pure, -length, code).astype(np.int32).tobytes()))
+        #: per lexical state, per token: the next state, or ``-n`` for a token of ``n``
+        #: whitespace characters outside strings (the run grows by ``n``)
+        self.codes: list[array[int]] = codes
+        self.cap = cap
+        self.start_json = 0
+        self.start_raw = (RAW * self.k) << 1
+        self._build_masks(lex)
+
+    # ----- per token, in Python (one call per accepted token) -------------------
+
+    def advance(self, q: int, token_id: int) -> int:
+        c = self.codes[(q >> 1) // self.k][token_id]
+        return c if c >= 0 else min((q >> 1) - c, self.cap) << 1
+
+    def advance_bytes(self, q: int, data: bytes) -> int:
+        """The state after ``data`` (a string the matcher accepted; rare)."""
+        if not data:
+            return q
+        lex, run = divmod(q >> 1, self.k)
+        for byte in data:
+            if lex == OUT and byte in WS:
+                run = min(run + 1, self.cap)
+                continue
+            run = 0
+            lex = step(lex, byte)
+            if lex == INVALID:
+                lex = STR  # only where the grammar itself required it (see `apply`)
+        return ((lex * self.k + run) << 1) | (data[-1] == LEAD_ED)
+
+    # ----- masks -------------------------------------------------------------------
+
+    def _build_masks(self, lex: dict[str, Any]) -> None:
+        limit = self.limit
+        first = lex["first"]
+        starts_hi = (first >= 0xA0) & (first <= 0xBF)
+        surrogate = lex["surrogate"]  # never in a real vocabulary
+        #: every byte is a token: a banned token's first byte is then always allowed
+        #: unless the run is at the limit, so only such rows can end up empty
+        complete = lex["single_bytes"] == 256
+        num_states = NUM_STATES * self.k * 2
+        self.needs = np.zeros(num_states, dtype=bool)
+        self.dense = np.zeros(num_states, dtype=bool)
+        full: list[np.ndarray] = []
+        full_index = np.full(num_states, -1, dtype=np.int64)
+        sparse_words: list[np.ndarray] = []
+        sparse_vals: list[np.ndarray] = []
+        offsets = np.zeros(num_states, dtype=np.int64)
+        lengths = np.zeros(num_states, dtype=np.int64)
+        seen: dict[bytes, int] = {}
+        at = 0
+        for q in range(num_states):
+            s, run = divmod(q >> 1, self.k)
+            if (s != OUT or q & 1) and run > 0:
+                continue  # unreachable: a run is counted outside strings only
+            ok = ~surrogate & ~lex["invalid"][s]
+            if q & 1:
+                ok = ok & ~starts_hi
+            if limit is not None and s != RAW:
+                ok = ok & (lex["inner"][s] <= limit)
+                if s == OUT:
+                    ok = ok & (lex["lead"][OUT] <= limit - run)
+            if ok.all():
+                continue
+            words = _pack(ok, self.words)
+            self.needs[q] = True
+            changed = np.flatnonzero(words != np.uint32(0xFFFFFFFF))
+            # A row can end up allowing nothing only where a single byte may be banned:
+            # a grammar that allows a token allows its first byte, a token of its own
+            # (``complete``), which is banned only at the whitespace limit or where a
+            # surrogate escape must go on one way (such rows are rare: whole-row masks)
+            empty_possible = (
+                not complete or (s == OUT and limit is not None and run >= limit) or s in NARROW
+            )
+            if empty_possible or len(changed) > self.words // 4:
+                self.dense[q] = True
+                key = words.tobytes()
+                if key not in seen:
+                    seen[key] = len(full)
+                    full.append(words)
+                full_index[q] = seen[key]
+            else:
+                sparse_words.append(changed)
+                sparse_vals.append(words[changed])
+                offsets[q], lengths[q] = at, len(changed)
+                at += len(changed)
+        self._full = np.stack(full) if full else np.zeros((0, self.words), np.uint32)
+        self._full_index = full_index
+        self._words = np.concatenate(sparse_words) if sparse_words else np.zeros(0, np.int64)
+        self._vals = np.concatenate(sparse_vals) if sparse_vals else np.zeros(0, np.uint32)
+        self._offsets, self._lengths = offsets, lengths
+        # The same, one row per state, padded to the longest: a pad is a word the state
+        # leaves alone, ANDed with all ones (a no-op), so that a batch is one gather
+        longest = int(lengths.max()) if len(lengths) else 0
+        self._pad_words = np.zeros((num_states, max(longest, 1)), dtype=np.int64)
+        self._pad_vals = np.full((num_states, max(longest, 1)), 0xFFFFFFFF, dtype=np.uint32)
+        for q in np.flatnonzero(lengths).tolist():
+            o, k = offsets[q], lengths[q]
+            w = self._words[o : o + k]
+            spare = int(np.flatnonzero(~np.isin(np.arange(k + 1), w))[0])  # not among w
+            self._pad_words[q, :] = spare
+            self._pad_words[q, :k] = w
+            self._pad_vals[q, :k] = self._vals[o : o + k]
+        self._needs_from_minus_one = np.concatenate(([False], self.needs))  # -1: no guard
+        self._needs_list = self.needs.tolist()
+        self._dense_list = self.dense.tolist()
+        self._offsets_list, self._lengths_list = offsets.tolist(), lengths.tolist()
+
+    def allowed(self, q: int) -> np.ndarray:
+        """The mask of state ``q`` as uint32 words (tests and single rows)."""
+        if not self.needs[q]:
+            return np.full(self.words, 0xFFFFFFFF, dtype=np.uint32)
+        if self.dense[q]:
+            return self._full[self._full_index[q]].copy()
+        words = np.full(self.words, 0xFFFFFFFF, dtype=np.uint32)
+        o, k = self._offsets[q], self._lengths[q]
+        words[self._words[o : o + k]] = self._vals[o : o + k]
+        return words
+
+    def apply(self, view: np.ndarray, rows: Sequence[int], matchers: Sequence[Any]) -> np.ndarray:
+        """AND each of ``rows`` of ``view`` (uint32 ``[R, W]``, C-contiguous) with the
+        mask of the state of its matcher (same order; a matcher that is not a
+        `GuardedMatcher` is left alone). A row that would allow nothing keeps its
+        grammar's mask. Returns the rows it changed.
+
+        A few rows go one by one (a handful of numpy calls each); more go through one
+        vectorized pass (a fixed two dozen numpy calls, then work proportional to the
+        mask words the rows' states touch: about 120 words for most states)."""
+        if len(rows) <= _FEW:
+            changed = [
+                r
+                for r, m in zip(rows, matchers, strict=True)
+                if self.apply_one(view, r, getattr(m, "guard_state", -1))
+            ]
+            return np.asarray(changed, dtype=np.int64)
+        try:
+            states = np.array([m.guard_state for m in matchers], dtype=np.int64)
+        except AttributeError:  # some matchers are not guarded
+            states = np.fromiter(
+                (getattr(m, "guard_state", -1) for m in matchers), np.int64, len(matchers)
+            )
+        return self._apply_many(view, np.asarray(rows, dtype=np.int64), states)
+
+    def _apply_many(self, view: np.ndarray, rows: np.ndarray, states: np.ndarray) -> np.ndarray:
+        hit = np.flatnonzero(self._needs_from_minus_one[states + 1])
+        if len(hit) == 0:
+            return rows[:0]
+        rows, q = rows[hit], states[hit]
+        dense = self.dense[q]
+        n_dense = int(np.count_nonzero(dense))
+        if n_dense:
+            r = rows[dense]
+            sub = view[r] & self._full[self._full_index[q[dense]]]
+            keep = sub.any(axis=1)
+            view[r[keep]] = sub[keep]
+        if n_dense < len(q):
+            if n_dense:
+                sparse = ~dense
+                r, q = rows[sparse], q[sparse]
+            else:
+                r = rows
+            counts = self._lengths[q]
+            longest, total = int(counts.max()), int(counts.sum())
+            flat = view.reshape(-1)
+            if longest * len(q) <= 2 * total:  # alike: one padded gather
+                at = self._pad_words[q, :longest] + (r * view.shape[1])[:, None]
+                flat[at] &= self._pad_vals[q, :longest]
+            else:  # a few long ones: each row's words, end to end
+                ends = np.cumsum(counts)
+                idx = np.repeat(self._offsets[q] - ends + counts, counts) + np.arange(total)
+                at = np.repeat(r * view.shape[1], counts) + self._words[idx]
+                flat[at] &= self._vals[idx]
+        return rows
+
+    def apply_one(self, view: np.ndarray, row: int, q: int) -> bool:
+        """`apply` for one row in state ``q`` (-1: none); whether it changed it."""
+        if q < 0 or not self._needs_list[q]:
+            return False
+        if self._dense_list[q]:
+            sub = view[row] & self._full[self._full_index[q]]
+            if sub.any():
+                view[row] = sub
+        else:
+            o, k = self._offsets_list[q], self._lengths_list[q]
+            words = view[row]
+            words[self._words[o : o + k]] &= self._vals[o : o + k]
+        return True
+
+
+class GuardedGrammar(xgr.CompiledGrammar):
+    """A compiled grammar that knows whether its text is JSON text (`whitespace.py`):
+    a matcher of it lexes its output as JSON (whitespace bounded and UTF-8 guarded) or
+    as raw text (UTF-8 guarded only)."""
+
+    json_text: bool
+
+    @classmethod
+    def wrap(cls, grammar: xgr.CompiledGrammar, json_text: bool) -> GuardedGrammar:
+        g = cls._create_from_handle(grammar._handle)
+        assert isinstance(g, GuardedGrammar)
+        g.json_text = json_text
+        return g
+
+
+class GuardedMatcher(xgr.GrammarMatcher):
+    """A `xgrammar.GrammarMatcher` that keeps its guard state (`GuardTable`) through
+    every accept and rollback. Its own ``fill_next_token_bitmask`` applies the guard
+    to the row it fills; `bitmask.BitmaskFiller` fills many rows and applies the guard
+    to all of them at once."""
+
+    def __init__(
+        self,
+        compiled_grammar: xgr.CompiledGrammar,
+        guard: GuardTable,
+        *,
+        json_text: bool,
+        override_stop_tokens: Sequence[int] | None = None,
+    ) -> None:
+        stops = None if override_stop_tokens is None else list(override_stop_tokens)
+        super().__init__(compiled_grammar, override_stop_tokens=stops)
+        self.guard = guard
+        self._h = self._handle
+        self._codes = guard.codes
+        self._k = guard.k
+        self._cap = guard.cap
+        self._start = guard.start_json if json_text else guard.start_raw
+        #: see `GuardTable`
+        self.guard_state = self._start
+        self._history: list[int] = []
+
+    def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
+        if not self._h.accept_token(token_id, debug_print):
+            return False
+        q = self.guard_state
+        self._history.append(q)
+        c = self._codes[(q >> 1) // self._k][token_id]
+        self.guard_state = c if c >= 0 else min((q >> 1) - c, self._cap) << 1
+        return True
+
+    def accept_string(self, input_str: str | bytes, *, debug_print: bool = False) -> bool:
+        if not self._h.accept_string(input_str, debug_print):
+            return False
+        data = input_str.encode("utf-8") if isinstance(input_str, str) else bytes(input_str)
+        self._history.append(self.guard_state)
+        self.guard_state = self.guard.advance_bytes(self.guard_state, data)
+        return True
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        self._h.rollback(num_tokens)
+        if num_tokens > 0:
+            self.guard_state = self._history[-num_tokens]
+            del self._history[-num_tokens:]
+
+    def reset(self) -> None:
+        self._h.reset()
+        self.guard_state = self._start
+        self._history.clear()
+
+    def fill_next_token_bitmask(
+        self, bitmask: Any, index: int = 0, *, debug_print: bool = False
+    ) -> bool:
+        restricts = super().fill_next_token_bitmask(bitmask, index, debug_print=debug_print)
+        view = (bitmask.numpy() if hasattr(bitmask, "numpy") else np.asarray(bitmask)).view(
+            np.uint32
+        )
+        if view.ndim == 1:
+            view = view.reshape(1, -1)
+        return self.guard.apply_one(view, index, self.guard_state) or restricts
+
+
+# ----- building the tables -------------------------------------------------------------
+
+
+def _pack(flags: np.ndarray, words: int) -> np.ndarray:
+    padded = np.ones(words * 32, dtype=bool)
+    padded[: flags.size] = flags
+    return np.packbits(padded, bitorder="little").view(np.uint32)

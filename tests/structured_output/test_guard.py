@@ -1,0 +1,478 @@
+"""The guard (`structured_output.guard`): whitespace runs bounded outside JSON strings
+and no encoded surrogate, on real vocabularies and real xgrammar matchers.
+
+Oracles that do not use the guard's code: a byte-by-byte JSON lexer written here, and
+xgrammar's own bounded whitespace (``max_whitespace_cnt``), whose masks the guarded
+unbounded grammar must equal exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+import xgrammar as xgr
+
+from bench.states import REQUIRED_SCHEMA, TOOLS, WEATHER
+from structured_output import CompileOptions, GrammarSpec, LocalCompiler, lexing
+from structured_output.bitmask import BitmaskFiller
+from structured_output.guard import GuardTable
+from structured_output.guide import RequestGuide
+from structured_output.structural_tags import prepare_structural_tag
+from structured_output.whitespace import bound_in_grammar, json_text
+from tests.support.grammars import hermes_tag
+
+WS = b" \t\n\r"
+HEX_OR_U = {bytes([c]) for c in b"0123456789abcdefABCDEFu"}
+LIMITS = (1, 3, 16)
+
+
+#: per lexical state of `structured_output.lexing`, a text that leaves a JSON lexer there
+PREFIX = {
+    lexing.OUT: b"",
+    lexing.STR: b'"',
+    lexing.ESC: b'"\\',
+    lexing.U0: b'"\\u',
+    lexing.UD1: b'"\\ud',
+    lexing.UH2: b'"\\ud8',
+    lexing.UH3: b'"\\ud83',
+    lexing.PH: b'"\\ud83d',
+    lexing.PH1: b'"\\ud83d\\',
+    lexing.PH2: b'"\\ud83d\\u',
+    lexing.PH3: b'"\\ud83d\\ud',
+}
+
+
+def reference_allows(data: bytes, limit: int, run: int = 0, raw: bool = False) -> bool | None:
+    """Whether ``data`` (JSON text from its start, cut anywhere; ``raw``: any text)
+    can be a prefix of text in which no run of whitespace outside strings is longer
+    than ``limit`` (``run``: whitespace before ``data``), no ``ED`` byte is followed
+    by ``A0..BF`` and no ``\\u`` escape writes a lone surrogate; None for text with
+    a malformed escape, which no grammar of JSON lets through. Written apart from the
+    guard: escapes are read whole, as code units."""
+    if any(a == 0xED and 0xA0 <= c <= 0xBF for a, c in zip(data, data[1:], strict=False)):
+        return False
+    if raw:
+        return True
+    in_str, i, high = False, 0, False
+    while i < len(data):
+        c = data[i]
+        if not in_str:
+            if c in WS:
+                run += 1
+                if run > limit:
+                    return False
+            else:
+                run, in_str = 0, c == 0x22
+            i += 1
+            continue
+        if c != 0x5C:  # not an escape
+            if high:
+                return False  # a high surrogate followed by anything but its low half
+            in_str = c != 0x22
+            i += 1
+            continue
+        esc = data[i + 1 : i + 6]
+        if esc[:1] != b"u":
+            if high and esc:
+                return False
+            i += 2
+            continue
+        digits = ""
+        for ch in esc[1:].decode("ascii", "replace").lower():
+            if ch not in "0123456789abcdef":
+                break
+            digits += ch
+        if len(digits) < 4:
+            if len(esc) - 1 > len(digits):
+                return None  # a malformed escape: the grammar refuses it, not the guard
+            # cut inside the escape: is some completion fine?
+            if high:
+                return not digits or (digits[0] == "d" and (len(digits) < 2 or digits[1] in "cdef"))
+            return not (digits[:1] == "d" and len(digits) > 1 and digits[1] in "cdef")
+        unit = int(digits, 16)
+        if high != (0xDC00 <= unit <= 0xDFFF):
+            return False
+        high = 0xD800 <= unit <= 0xDBFF
+        i += 6
+    return True
+
+
+def decode_state(table: GuardTable, q: int) -> tuple[int, int, bool]:
+    lex, run = divmod(q >> 1, table.k)
+    return lex, run, bool(q & 1)
+
+
+def bit(words: np.ndarray, t: int) -> bool:
+    return bool(words[t >> 5] >> np.uint32(t & 31) & 1)
+
+
+@pytest.fixture(scope="module")
+def compilers(qwen3):
+    return {n: LocalCompiler(qwen3, CompileOptions(max_whitespace=n)) for n in (*LIMITS, 4)}
+
+
+@pytest.fixture(scope="module")
+def unbounded(qwen3):
+    """A guard without a whitespace bound: what is refused whatever the bound."""
+    return GuardTable(
+        qwen3.all_token_bytes, qwen3.vocab_rows, special_ids=qwen3.special_ids, limit=None
+    )
+
+
+@pytest.mark.parametrize("limit", LIMITS)
+def test_table_agrees_with_a_byte_lexer(qwen3, compilers, limit):
+    """Every token that holds whitespace, a quote, a backslash or a byte of a
+    surrogate's encoding, and a sample of the rest, from every reachable state: the
+    mask and the next state agree with the byte lexer above."""
+    table = compilers[limit].guard
+    tb = qwen3.all_token_bytes
+    rng = random.Random(limit)
+    interesting = [
+        t
+        for t, b in enumerate(tb)
+        if t not in qwen3.special_ids
+        and b
+        and (
+            any(c in b for c in b'\t\n\r"\\\xed')
+            or b.count(b" ") > 1
+            or 0xA0 <= b[0] <= 0xBF
+            or b[:1] in HEX_OR_U
+        )
+    ]
+    tokens = interesting + rng.sample(range(len(tb)), 3000)
+    states = [(lexing.OUT, run, False) for run in range(limit + 1)]
+    states += [(lex, 0, False) for lex in PREFIX if lex != lexing.OUT]
+    states += [(lexing.OUT, 0, True), (lexing.STR, 0, True), (lexing.RAW, 0, False)]
+    for lex, run, ed in states:
+        q = ((lex * table.k + run) << 1) | ed
+        words = table.allowed(q)
+        before = PREFIX.get(lex, b"") + (b"\xed" if ed else b"")
+        for t in tokens:
+            b = tb[t]
+            if t in qwen3.special_ids or not b:
+                continue
+            ok = reference_allows(before + b, limit, run, raw=lex == lexing.RAW)
+            if ok is None:
+                continue
+            assert bit(words, t) == ok, (lex, run, ed, b)
+            if ok:  # the next state: the token's bytes one by one give the same
+                assert table.advance(q, t) == table.advance_bytes(q, b), (lex, run, ed, b)
+
+
+def _strip_bounds(fmt):
+    if isinstance(fmt, dict):
+        return {k: _strip_bounds(v) for k, v in fmt.items() if k != "max_whitespace_cnt"}
+    if isinstance(fmt, list):
+        return [_strip_bounds(v) for v in fmt]
+    return fmt
+
+
+def _bounded_twin(lc: LocalCompiler, spec: GrammarSpec, limit: int) -> xgr.CompiledGrammar:
+    """``spec`` with its whitespace bounded by xgrammar's own grammar."""
+    c = lc.compiler
+    if spec.kind.value == "json_schema":
+        return c.compile_json_schema(spec.value, any_whitespace=True, max_whitespace_cnt=limit)
+    if spec.kind.value == "json_object":
+        return c.compile_json_schema(
+            '{"type": "object"}', any_whitespace=True, max_whitespace_cnt=limit, strict_mode=False
+        )
+    tag = json.loads(prepare_structural_tag(json.loads(spec.value), lc.tokenizer.special_tokens))
+    return c.compile_structural_tag(json.dumps(bound_in_grammar(tag, limit)))
+
+
+TWIN_SPECS = {
+    "one_tool_schema": GrammarSpec.of("json_schema", json.dumps(WEATHER)),
+    "required_8_tools": GrammarSpec.of("json_schema", json.dumps(REQUIRED_SCHEMA)),
+    "json_object": GrammarSpec.of("json_object"),
+    "hermes_tag": GrammarSpec.of("structural_tag", json.dumps(_strip_bounds(hermes_tag(TOOLS)))),
+}
+
+
+@pytest.mark.parametrize("limit", (1, 16))
+@pytest.mark.parametrize("name", list(TWIN_SPECS))
+def test_guarded_masks_equal_xgrammars_bounded_whitespace(qwen3, compilers, unbounded, name, limit):
+    """Random walks that favour whitespace: at every step the guarded unbounded grammar
+    allows exactly what xgrammar's grammar with ``max_whitespace_cnt`` allows, but for
+    what only the guard refuses whatever the bound (an encoded surrogate, a lone
+    surrogate escape: the masks of a guard without a bound, in the same state)."""
+    lc = compilers[limit]
+    spec = TWIN_SPECS[name]
+    guarded = lc.compile(spec)
+    assert guarded.json_text
+    twin = _bounded_twin(lc, spec, limit)
+    tb = qwen3.all_token_bytes
+    blanks = {t for t, b in enumerate(tb) if b and not b.strip(WS) and t not in qwen3.special_ids}
+    stops = list(qwen3.stop_token_ids)
+    mask = torch.zeros((2, (qwen3.vocab_rows + 31) // 32), dtype=torch.int32)
+    rng = random.Random(hash(name) & 0xFFFF ^ limit)
+    steps = 0
+    for _ in range(8):
+        a = lc.matcher(guarded)
+        b = xgr.GrammarMatcher(twin, override_stop_tokens=stops)
+        for _ in range(60):
+            a.fill_next_token_bitmask(mask, 0)
+            b.fill_next_token_bitmask(mask, 1)
+            ours = np.unpackbits(mask[0].numpy().view(np.uint8), bitorder="little")
+            theirs = np.unpackbits(mask[1].numpy().view(np.uint8), bitorder="little").astype(bool)
+            lex = (a.guard_state >> 1) // a.guard.k
+            same = unbounded.allowed((lex << 1) | (a.guard_state & 1))
+            theirs &= np.unpackbits(same.view(np.uint8), bitorder="little").astype(bool)
+            assert np.array_equal(ours.astype(bool), theirs), (name, steps)
+            allowed = np.flatnonzero(ours[: qwen3.vocab_rows])
+            spaced = [t for t in allowed.tolist() if t in blanks]
+            t = rng.choice(spaced) if spaced and rng.random() < 0.6 else int(rng.choice(allowed))
+            if t in stops:
+                break
+            assert a.accept_token(t) and b.accept_token(t)
+            steps += 1
+    assert steps > 100
+
+
+def test_rollback_and_strings_keep_the_state(qwen3, compilers):
+    """After any mix of accepted tokens, accepted strings and rollbacks, the state is
+    the one a fresh matcher reaches on what remains accepted."""
+    lc = compilers[16]
+    grammar = lc.compile(GrammarSpec.of("json_object"))
+    rng = random.Random(7)
+    bm = torch.zeros((1, (qwen3.vocab_rows + 31) // 32), dtype=torch.int32)
+    for _ in range(15):
+        m = lc.matcher(grammar)
+        done: list[int | bytes] = []
+        for _ in range(30):
+            r = rng.random()
+            if r < 0.2 and done:
+                n = rng.randint(1, len(done))
+                m.rollback(n)
+                del done[-n:]
+                continue
+            m.fill_next_token_bitmask(bm)
+            allowed = np.flatnonzero(
+                np.unpackbits(bm[0].numpy().view(np.uint8), bitorder="little")[: qwen3.vocab_rows]
+            )
+            allowed = [t for t in allowed.tolist() if t not in qwen3.stop_token_ids]
+            if not allowed:
+                break
+            t = rng.choice(allowed)
+            if r < 0.3:
+                assert m.accept_string(qwen3.all_token_bytes[t])
+                done.append(qwen3.all_token_bytes[t])
+            else:
+                assert m.accept_token(t)
+                done.append(t)
+        fresh = lc.matcher(grammar)
+        for item in done:
+            if isinstance(item, bytes):
+                assert fresh.accept_string(item)
+            else:
+                assert fresh.accept_token(item)
+        assert fresh.guard_state == m.guard_state
+
+
+def test_the_filler_guards_every_row_as_a_single_fill_does(qwen3, compilers):
+    """The batch path and the loop path of `BitmaskFiller` give each row what the
+    row's own guarded fill gives."""
+    lc = compilers[4]
+    specs = list(TWIN_SPECS.values()) + [GrammarSpec.of("regex", "[^a]{0,40}")]
+    grammars = [lc.compile(s) for s in specs]
+    rng = random.Random(3)
+    words = (qwen3.vocab_rows + 31) // 32
+    one = torch.zeros((1, words), dtype=torch.int32)
+    matchers = []
+    for i in range(40):
+        m = lc.matcher(grammars[i % len(grammars)])
+        for _ in range(rng.randrange(20)):
+            m.fill_next_token_bitmask(one)
+            bits = np.unpackbits(one[0].numpy().view(np.uint8), bitorder="little")
+            allowed = [t for t in np.flatnonzero(bits[: qwen3.vocab_rows]).tolist()]
+            allowed = [t for t in allowed if t not in qwen3.stop_token_ids]
+            if not allowed:
+                break
+            blanks = [t for t in allowed if not qwen3.all_token_bytes[t].strip(WS)]
+            t = rng.choice(blanks) if blanks and rng.random() < 0.5 else rng.choice(allowed)
+            assert m.accept_token(t)
+        matchers.append(m)
+    assert len({m.guard_state for m in matchers}) >= 4  # rows in several states
+    expected = []
+    for m in matchers:
+        m.fill_next_token_bitmask(one)
+        expected.append(one[0].clone())
+    guides = [RequestGuide(None, m) for m in matchers]
+    rows = list(range(len(matchers)))
+    for threshold in (1, 1000):
+        filler = BitmaskFiller(len(rows), qwen3.vocab_rows, batch_threshold=threshold)
+        filler.guard = lc.guard
+        filled = filler.fill(rows, guides)
+        for r in rows:
+            assert torch.equal(filled.buffer[r], expected[r]), (threshold, r)
+        assert set(filled.rows.tolist()) == set(rows)
+
+
+@pytest.mark.parametrize("mix", ["alike", "some long", "all"])
+def test_every_way_of_applying_gives_the_same_rows(compilers, mix):
+    """Rows in states alike (one padded gather), with a few long ones (words end to
+    end), or of every reachable state: the batch gives each row what `apply_one` does."""
+    table = compilers[16].guard
+    reachable = [q for q in np.flatnonzero(table.needs).tolist()]
+    rng = np.random.default_rng(len(mix))
+    if mix == "alike":
+        states = rng.choice([table.start_json, table.start_json + 2], 48)
+    elif mix == "some long":
+        states = np.where(rng.random(48) < 0.1, 15 << 1, table.start_json)
+    else:
+        states = rng.choice(reachable + [-1], 48)
+    view = rng.integers(0, 1 << 32, (64, table.words), dtype=np.uint64).astype(np.uint32)
+    expected = view.copy()
+    rows = rng.permutation(64)[:48]
+    for r, q in zip(rows.tolist(), states.tolist(), strict=True):
+        table.apply_one(expected, r, q)
+
+    class M:
+        def __init__(self, q: int) -> None:
+            self.guard_state = q
+
+    table.apply(view, rows.tolist(), [M(q) for q in states.tolist()])
+    assert np.array_equal(view, expected)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GrammarSpec.of("json_schema", '{"type": "string"}'),
+        GrammarSpec.of("regex", "[^a]+"),
+        GrammarSpec.of("grammar", 'root ::= [^"]+ "!"'),
+    ],
+    ids=lambda s: s.kind.value,
+)
+def test_no_surrogate_after_a_token_that_ends_with_ed(qwen3, compilers, spec):
+    """Steered into ``ED`` as the last byte of a token: the grammar alone would take
+    ``A0..BF`` next (an encoded surrogate); the guard allows only ``80..9F``, and
+    Hangul written across the two steps (U+D7A3, ``ED 9E A3``) goes through."""
+    lc = compilers[16]
+    grammar = lc.compile(spec)
+    by_bytes = {b: t for t, b in enumerate(qwen3.all_token_bytes)}
+    ed, a0, x9e = by_bytes[b"\xed"], by_bytes[b"\xa0"], by_bytes[b"\x9e"]
+    m = lc.matcher(grammar)
+    if spec.kind.value == "json_schema":
+        assert m.accept_token(by_bytes[b'"'])
+    assert m.accept_token(ed)
+    plain = xgr.GrammarMatcher(grammar)
+    if spec.kind.value == "json_schema":
+        plain.accept_token(by_bytes[b'"'])
+    plain.accept_token(ed)
+    assert plain.accept_token(a0)  # what the guard is for
+    bm = torch.zeros((1, (qwen3.vocab_rows + 31) // 32), dtype=torch.int32)
+    m.fill_next_token_bitmask(bm)
+    words = bm[0].numpy().view(np.uint32)
+    starts_hi = [
+        t
+        for t, b in enumerate(qwen3.all_token_bytes)
+        if b and 0xA0 <= b[0] <= 0xBF and t not in qwen3.special_ids
+    ]
+    assert starts_hi and not any(bit(words, t) for t in starts_hi)
+    assert bit(words, x9e)
+    assert m.accept_token(x9e) and m.accept_token(by_bytes[b"\xa3"])
+    assert not m.guard_state & 1  # a whole character: the guard lets go
+
+
+def test_no_lone_surrogate_escape(qwen3, compilers):
+    """Steered into ``\\ud83d`` (a high surrogate escape): only its low half may follow,
+    so the string cannot close; ``\\udc00`` alone (a low one) cannot be started; a
+    whole pair and an ordinary ``\\ud7ff`` go through."""
+    lc = compilers[16]
+    grammar = lc.compile(GrammarSpec.of("json_schema", '{"type": "string"}'))
+    by_bytes = {b: t for t, b in enumerate(qwen3.all_token_bytes)}
+    quote, backslash, u, d, c, eight = (by_bytes[x] for x in (b'"', b"\\", b"u", b"d", b"c", b"8"))
+
+    def walk(text: bytes):
+        m = lc.matcher(grammar)
+        for ch in text:
+            t = by_bytes[bytes([ch])]
+            assert t in _allowed(qwen3, m), text
+            assert m.accept_token(t)
+        return m
+
+    high = walk(b'"\\ud83d')
+    assert quote not in _allowed(qwen3, high) and backslash in _allowed(qwen3, high)
+    assert xgr.GrammarMatcher(grammar).accept_string(b'"\\ud83d"')  # the grammar alone would
+    m = walk(b'"\\ud83d\\')
+    assert _allowed(qwen3, m) & {u, by_bytes[b"n"]} == {u}
+    m = walk(b'"\\ud83d\\ud')
+    assert c in _allowed(qwen3, m) and eight not in _allowed(qwen3, m)
+    walk(b'"\\ud83d\\ude00\\ud7ff"')
+    m = walk(b'"\\u')
+    assert d in _allowed(qwen3, m)
+    m = walk(b'"\\ud')
+    assert eight in _allowed(qwen3, m) and c not in _allowed(qwen3, m)
+
+
+def test_spaces_inside_strings_are_not_counted(qwen3, compilers):
+    lc = compilers[3]
+    m = lc.matcher(lc.compile(GrammarSpec.of("json_schema", '{"type": "string"}')))
+    for t in qwen3.encode('"' + " " * 40 + "x" + " " * 9):
+        assert t in _allowed(qwen3, m)
+        assert m.accept_token(t)
+    assert m.guard_state >> 1 == 1 * m.guard.k  # inside the string, no run
+
+
+def test_whitespace_the_grammar_requires_goes_through(qwen3, compilers):
+    """A literal with a longer run than the limit: the row would allow nothing, so it
+    keeps its grammar's mask, and the output can still end."""
+    lc = compilers[3]
+    tag = {"type": "sequence", "elements": [{"type": "json_schema", "json_schema": {}}]}
+    tag["elements"].append({"type": "const_string", "value": " " * 8 + "end"})
+    grammar = lc.compile(GrammarSpec.of("structural_tag", json.dumps(tag)))
+    assert grammar.json_text
+    m = lc.matcher(grammar)
+    for t in qwen3.encode("1" + " " * 8 + "end", special=False):
+        assert t in _allowed(qwen3, m) or all(b in WS for b in qwen3.all_token_bytes[t])
+        assert m.accept_token(t)
+    assert m.is_completed()
+
+
+def test_free_text_tags_keep_the_bound_in_their_grammar(qwen3, compilers):
+    """A tag with free text is not JSON text: its JSON values carry the bound."""
+    lc = compilers[3]
+    text = {"type": "tag", "begin": "<t>", "content": {"type": "any_text"}, "end": "</t>"}
+    tag = {
+        "type": "sequence",
+        "elements": [text, {"type": "json_schema", "json_schema": {"type": "object"}}],
+    }
+    grammar = lc.compile(GrammarSpec.of("structural_tag", json.dumps(tag)))
+    assert not grammar.json_text
+    for spaces, ok in ((3, True), (4, False)):
+        m = xgr.GrammarMatcher(grammar)
+        assert m.accept_string('<t>say "hi</t>{' + " " * spaces + "}") is ok
+
+
+@pytest.mark.parametrize(
+    ("fmt", "expected"),
+    [
+        ({"type": "const_string", "value": '{"name": "f", "arguments": '}, True),
+        ({"type": "const_string", "value": '{"name": "f'}, False),
+        ({"type": "regex", "pattern": "(0|[1-9][0-9]{0,3})"}, True),
+        ({"type": "regex", "pattern": "[A-z]+"}, False),  # the range holds a backslash
+        ({"type": "regex", "pattern": "[^,]+"}, False),
+        ({"type": "regex", "pattern": "\\d+"}, False),
+        ({"type": "any_text"}, False),
+        ({"type": "tag", "begin": "<a>", "content": {"type": "json_schema"}, "end": "</a>"}, True),
+        ({"type": "json_schema", "json_schema": {}, "style": "qwen_xml"}, False),
+        ({"type": "triggered_tags", "triggers": ["<"], "tags": []}, False),
+    ],
+)
+def test_json_text_classification(fmt, expected):
+    assert json_text(fmt) is expected
+
+
+def _allowed(tok, matcher) -> set[int]:
+    bm = torch.zeros((1, (tok.vocab_rows + 31) // 32), dtype=torch.int32)
+    matcher.fill_next_token_bitmask(bm)
+    bits = np.unpackbits(bm[0].numpy().view(np.uint8), bitorder="little")[: tok.vocab_rows]
+    return set(np.flatnonzero(bits).tolist())
+
+
+def test_states_start_outside_strings(compilers):
+    table = compilers[16].guard
+    assert decode_state(table, table.start_json) == (lexing.OUT, 0, False)
