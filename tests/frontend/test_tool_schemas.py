@@ -38,6 +38,7 @@ from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from frontend.tool_formats.schemas import normalize_tools
 from frontend.validation import RequestError, ToolSupport, check_request, decode_request
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
+from structured_output.config import StructuredOutputConfig
 from tests.support.constrained_sampler import free_text_ends
 from tests.support.contradictions import (
     contradictory_object,
@@ -91,10 +92,9 @@ def cores():
                 EngineConfig(
                     model="random",
                     max_num_seqs=256,
-                    compile_workers=2,
-                    compile_timeout_s=60,
+                    structured_output=StructuredOutputConfig(compile_timeout_s=60),
                     seed=13,
-                    ending_texts=_ending_texts(names, tok),
+                    runner_options={"ending_texts": _ending_texts(names, tok)},
                 ),
                 tok,
             )

@@ -19,6 +19,7 @@ import pytest
 from engine_core.config import EngineConfig
 from engine_core.engine import EngineCore
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
+from structured_output.config import StructuredOutputConfig
 from tests.support.contradictions import contradictory_object, with_unsatisfiable_required
 from tests.support.core_run import run_to_end
 
@@ -31,7 +32,10 @@ MAX_TOKENS = 384
 def core(qwen3):
     c = EngineCore(
         EngineConfig(
-            model="random", max_num_seqs=128, compile_workers=2, compile_timeout_s=60, seed=7
+            model="random",
+            max_num_seqs=128,
+            structured_output=StructuredOutputConfig(compile_timeout_s=60),
+            seed=7,
         ),
         qwen3,
     )
@@ -201,4 +205,11 @@ def test_the_engine_will_not_start_without_marker_binding(qwen3, monkeypatch):
 
     monkeypatch.delattr(bst, "_bind_marker_tokens")
     with pytest.raises(RuntimeError, match="cannot bind markers to special tokens"):
-        EngineCore(EngineConfig(model="random", max_num_seqs=2, compile_workers=1), qwen3)
+        EngineCore(
+            EngineConfig(
+                model="random",
+                max_num_seqs=2,
+                structured_output=StructuredOutputConfig(compile_workers=1),
+            ),
+            qwen3,
+        )

@@ -20,6 +20,7 @@ import pytest
 from engine_core.config import EngineConfig
 from engine_core.engine import EngineCore
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
+from structured_output.config import StructuredOutputConfig
 from structured_output.schema_keywords import ENFORCED, REFUSED, readme_table
 from tests.structured_output.test_json_schemas import REFUSED_VALUES
 from tests.support.core_run import run_to_end
@@ -240,7 +241,10 @@ def test_the_readme_holds_the_table():
 def core(qwen3):
     c = EngineCore(
         EngineConfig(
-            model="random", max_num_seqs=256, compile_workers=2, compile_timeout_s=60, seed=5
+            model="random",
+            max_num_seqs=256,
+            structured_output=StructuredOutputConfig(compile_timeout_s=60),
+            seed=5,
         ),
         qwen3,
     )
