@@ -297,13 +297,16 @@ class Choice(_Out):
     stop_reason: str | int | None = None
 
 
-class ChatCompletion(_Out):
+class ChatCompletion(_Out, omit_defaults=True):
     id: str
     object: str
     created: int
     model: str
     choices: list[Choice]
     usage: Usage
+    #: JSON-schema keywords the constraint left out (``ignore_unsupported_keywords``),
+    #: each with where it was; absent when none
+    ignored_keywords: list[str] | None = None
 
 
 class DeltaFunctionCall(_Delta):
@@ -347,6 +350,8 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: on the last chunk when ``stream_options.include_usage`` asks for it; on every
     #: chunk with ``continuous_usage_stats``
     usage: Usage | None = None
+    #: on the first chunk: as `ChatCompletion.ignored_keywords`
+    ignored_keywords: list[str] | None = None
 
 
 class ErrorInfo(_Out):

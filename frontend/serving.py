@@ -251,6 +251,7 @@ class ChatFrontend:
             proc.usage,
             logprobs=proc.chat_logprobs(acc.logprobs),
             stop_reason=proc.stop_reason,
+            ignored_keywords=list(prepared.ignored_keywords) or None,
         )
 
     async def stream(
@@ -284,7 +285,7 @@ class ChatFrontend:
                             return
                         if not began:
                             began = True
-                            yield chunks.role(role_usage)
+                            yield chunks.role(role_usage, list(prepared.ignored_keywords) or None)
                         if delta or proc.finished:
                             yield chunks.delta(
                                 delta,
