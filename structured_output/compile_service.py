@@ -3,8 +3,10 @@ a cache bounded in bytes.
 
 Each worker process is driven by one dispatcher thread of this process. A compile
 that outlives its time limit has its worker killed and replaced; the request gets a
-`GrammarError`, and nothing else waits on it. Results come back serialized and are
-rebuilt here (xgrammar releases the GIL while doing so).
+`GrammarError`, and nothing else waits on it. A spec that compiled in its worker
+within the bounds is compiled again here, on the dispatcher thread (xgrammar releases
+the GIL while compiling): that is cheaper than carrying the compiled form across
+(see `compile_worker`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .compile_worker import CompileJob, CompileReply, WorkerInit, read_frame, write_frame
-from .specs import CompileOptions, GrammarError, GrammarSpec, check_spec
+from .specs import CompileOptions, GrammarError, GrammarSpec, check_spec, compile_constraint
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -170,6 +172,10 @@ class CompileService:
         #: the vocabulary compiled grammars are loaded against (may still be building:
         #: the first grammar that comes back waits for it)
         self._info = tokenizer_info
+        self._specials = dict(tokenizer.special_tokens)
+        #: this process's compiler, made when the first spec passes its worker
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._compiler_lock = threading.Lock()
         self._init = msgspec.msgpack.encode(
             WorkerInit(
                 token_bytes=list(tokenizer.all_token_bytes),
@@ -380,10 +386,17 @@ class CompileService:
             if worker is not None:
                 self._untrack(worker)
 
-    def _run(self, worker: _Worker | None, job: _Job) -> _Worker | None:
-        """Compile ``job`` and settle its future; returns the worker to use next."""
+    def _local_compiler(self) -> xgr.GrammarCompiler:
         import xgrammar as xgr
 
+        with self._compiler_lock:  # not `_lock`: `submit` must never wait for the vocabulary
+            if self._compiler is None:
+                info = self._info.result() if isinstance(self._info, Future) else self._info
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
+
+    def _run(self, worker: _Worker | None, job: _Job) -> _Worker | None:
+        """Compile ``job`` and settle its future; returns the worker to use next."""
         from .guard import GuardedGrammar
 
         if worker is not None and worker.proc.poll() is not None:
@@ -416,15 +429,14 @@ class CompileService:
         elif not reply.ok:
             self._finish(job, None, reply.error)
         else:
-            info = self._info.result() if isinstance(self._info, Future) else self._info
             try:
-                grammar = GuardedGrammar.wrap(
-                    xgr.CompiledGrammar.deserialize_json(reply.grammar_json, info),
-                    reply.json_text,
+                compiled = compile_constraint(
+                    self._local_compiler(), job.spec, self.options, self._specials
                 )
-            except (RuntimeError, ValueError) as e:
-                self._finish(job, None, f"compiled grammar could not be loaded: {e}")
+            except GrammarError as e:  # it compiled in the worker: this is not expected
+                self._finish(job, None, str(e))
             else:
+                grammar = GuardedGrammar.wrap(compiled.grammar, compiled.json_text)
                 self._finish(job, grammar, None, time.monotonic() - began)
         return worker
 
