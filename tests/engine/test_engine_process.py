@@ -29,18 +29,9 @@ from ipc import (
     StructuredOutputSpec,
 )
 from tests.support.engine import EngineHarness, collect
+from tests.support.prompts import chat_prompt
 
-PROMPT = [
-    151644,
-    872,
-    198,
-    6023,
-    151645,
-    198,
-    151644,
-    77091,
-    198,
-]  # <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
+PROMPT = chat_prompt()
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,11 @@ from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from tests.support.engine import EngineHarness, collect
 from tests.support.grammars import ARITHMETIC, hermes_calls_valid, hermes_tag, is_arithmetic
+from tests.support.prompts import chat_prompt
 
 SEEDS = 200
 MAX_TOKENS = 384
-PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+PROMPT = chat_prompt()
 
 REGEX = r"[A-Z]{2}-\d{3,5}(\.[a-z]{1,4})?"
 CHOICES = ["alpha", "beta", "gamma delta", "ε-ζ"]

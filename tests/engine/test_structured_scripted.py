@@ -15,6 +15,7 @@ from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutpu
 from reasoning import create_reasoning_parser
 from structured_output.config import StructuredOutputConfig
 from tests.support.engine import EngineHarness, collect
+from tests.support.prompts import chat_prompt
 from tokenization import load_tokenizer
 
 SCHEMA = {
@@ -223,7 +224,7 @@ def test_errors_end_their_own_request_while_50_others_finish(tmp_path):
     )
     try:
         good_spec = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))
-        prompt = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+        prompt = chat_prompt()
 
         async def body():
             good = [
