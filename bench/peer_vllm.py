@@ -43,8 +43,6 @@ def main() -> int:
 
 
 def setup(state: dict, cmd: dict) -> dict:
-    import multiprocessing
-
     import torch
     from vllm.config import (
         DeviceConfig,
@@ -102,7 +100,7 @@ def setup(state: dict, cmd: dict) -> dict:
         "torch": torch.__version__,
         "vocab_rows": mc.get_vocab_size(),
         "parallel_threshold": mgr.fill_bitmask_parallel_threshold,
-        "fill_workers": max(1, min(multiprocessing.cpu_count() // 2, 8)),
+        "fill_workers": max(1, min((os.cpu_count() or 2) // 2, 8)),
     }
 
 

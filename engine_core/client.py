@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
@@ -153,7 +154,11 @@ class EngineClient:
         self._nonce = itertools.count()
         self._closed = False
         self._tokenizer: Future[Tokenizer] | None = None
-        # IO thread only: the state of the connection
+        # IO thread only: the state of the connection, and when it last told the engine
+        # it is here (the engine answers a client it dropped with NOT_GREETED, which is
+        # how one dropped while connected, for not reading its outputs, learns of it)
+        self._beat = self._codec_io.encode(Heartbeat(0.0))
+        self._last_beat = 0.0
         self._watch = EngineWatch(
             address,
             proc,
@@ -297,6 +302,10 @@ class EngineClient:
     def _on_tick(self) -> None:
         if not self._closed:
             self._watch.tick()
+            now = time.monotonic()
+            if self._watch.greeted and now - self._last_beat >= PING_S:
+                self._last_beat = now
+                self._pump.send(self._beat)
 
     def _on_io_failure(self, error: BaseException) -> None:
         self._watch.die(f"the client's IO thread failed: {error!r}")

@@ -287,7 +287,9 @@ class EngineServer:
             return
         if isinstance(msg, HealthRequest) and self.core is None:
             # still loading: alive, and holding the requests queued so far
-            self._reply(client, HealthReply(msg.nonce, 0, self._queued, 0, self._queued))
+            reply = HealthReply(msg.nonce, 0, self._queued, 0, self._queued)
+            reply.num_clients = len(self._clients)
+            self._reply(client, reply)
             return
         if isinstance(msg, EngineCoreRequest | AbortRequests | HealthRequest | Shutdown):
             if self.core is None and isinstance(msg, EngineCoreRequest):

@@ -204,12 +204,15 @@ class ChatFrontend:
         )
 
     def _tool_parser(self, prepared: PreparedRequest) -> ToolCallParser | None:
-        """The parser of the content: the forcing format's for a forced call, the
-        family's for "auto"; for an answer without calls, the family's only where it
-        frames its answers (its calls are then dropped, see `processor`)."""
+        """The parser of the content: the forcing format's for a forced call (whose
+        grammar guarantees the calls, so they stream as written), the family's for
+        "auto" (each call held until it resolves); for an answer without calls, the
+        family's only where it frames its answers (its calls are then dropped, see
+        `processor`)."""
         plan = prepared.plan
         if plan.forced:
-            return self.builder.forced_format.new_parser(plan.tools, named=plan.named)
+            fmt = self.builder.forced_format
+            return fmt.new_parser(plan.tools, named=plan.named, forced=True)
         fmt = self.tool_format
         if plan.reads_calls:
             assert fmt is not None  # check_request refuses "auto" otherwise

@@ -3,8 +3,10 @@ a cache bounded in bytes.
 
 Each worker process is driven by one dispatcher thread of this process. A compile
 that outlives its time limit has its worker killed and replaced; the request gets a
-`GrammarError`, and nothing else waits on it. Results come back serialized and are
-rebuilt here (xgrammar releases the GIL while doing so).
+`GrammarError`, and nothing else waits on it. A spec that compiled in its worker
+within the bounds is compiled again here, on the dispatcher thread (xgrammar releases
+the GIL while compiling): that is cheaper than carrying the compiled form across
+(see `compile_worker`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .compile_worker import CompileJob, CompileReply, WorkerInit, read_frame, write_frame
-from .specs import CompileOptions, GrammarError, GrammarSpec, check_spec
+from .specs import CompileOptions, GrammarError, GrammarSpec, check_spec, compile_constraint
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -35,6 +37,9 @@ if TYPE_CHECKING:
     from tokenization import Tokenizer
 
 log = logging.getLogger(__name__)
+
+#: a compile still under way is reported this often, in seconds
+PROGRESS_S = 5.0
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -170,6 +175,10 @@ class CompileService:
         #: the vocabulary compiled grammars are loaded against (may still be building:
         #: the first grammar that comes back waits for it)
         self._info = tokenizer_info
+        self._specials = dict(tokenizer.special_tokens)
+        #: this process's compiler, made when the first spec passes its worker
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._compiler_lock = threading.Lock()
         self._init = msgspec.msgpack.encode(
             WorkerInit(
                 token_bytes=list(tokenizer.all_token_bytes),
@@ -325,7 +334,7 @@ class CompileService:
             except OSError:
                 reply = None
             else:
-                reply = worker.read(deadline - time.monotonic())
+                reply = self._await(worker, job, deadline)
             if reply is not None and reply.job_id == job_id:
                 return reply, worker
             # No reply before the deadline: its pipe closed, so it died. (poll() cannot
@@ -346,6 +355,25 @@ class CompileService:
                 return None, None
             worker = new
         return None, None
+
+    def _await(self, worker: _Worker, job: _Job, deadline: float) -> CompileReply | None:
+        """``worker``'s reply by ``deadline`` (None: none came, or it died), saying
+        every few seconds that a long compile is still under way."""
+        began = time.monotonic()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([worker.stdout], [], [], min(left, PROGRESS_S))
+            if ready:
+                return worker.read(0)
+            log.info(
+                "still compiling a %s of %d bytes after %.0f s (time limit %g s)",
+                job.spec.kind.value,
+                len(job.spec.value),
+                time.monotonic() - began,
+                self.timeout_s,
+            )
 
     def _dispatch(self) -> None:
         worker: _Worker | None = None
@@ -373,10 +401,17 @@ class CompileService:
             if worker is not None:
                 self._untrack(worker)
 
-    def _run(self, worker: _Worker | None, job: _Job) -> _Worker | None:
-        """Compile ``job`` and settle its future; returns the worker to use next."""
+    def _local_compiler(self) -> xgr.GrammarCompiler:
         import xgrammar as xgr
 
+        with self._compiler_lock:  # not `_lock`: `submit` must never wait for the vocabulary
+            if self._compiler is None:
+                info = self._info.result() if isinstance(self._info, Future) else self._info
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
+
+    def _run(self, worker: _Worker | None, job: _Job) -> _Worker | None:
+        """Compile ``job`` and settle its future; returns the worker to use next."""
         from .guard import GuardedGrammar
 
         if worker is not None and worker.proc.poll() is not None:
@@ -409,16 +444,18 @@ class CompileService:
         elif not reply.ok:
             self._finish(job, None, reply.error)
         else:
-            info = self._info.result() if isinstance(self._info, Future) else self._info
             try:
-                grammar = GuardedGrammar.wrap(
-                    xgr.CompiledGrammar.deserialize_json(reply.grammar_json, info),
-                    reply.json_text,
+                compiled = compile_constraint(
+                    self._local_compiler(), job.spec, self.options, self._specials
                 )
-            except (RuntimeError, ValueError) as e:
-                self._finish(job, None, f"compiled grammar could not be loaded: {e}")
+            except GrammarError as e:  # it compiled in the worker: this is not expected
+                self._finish(job, None, str(e))
             else:
-                self._finish(job, grammar, None, time.monotonic() - began)
+                grammar = GuardedGrammar.wrap(compiled.grammar, compiled.json_text)
+                took = time.monotonic() - began
+                if took >= PROGRESS_S:
+                    log.info("compiled a %s in %.1f s", job.spec.kind.value, took)
+                self._finish(job, grammar, None, took)
         return worker
 
 

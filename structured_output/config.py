@@ -34,8 +34,7 @@ class StructuredOutputConfig:
     grammar_cache_mb: int = _opt(512, "compiled grammars kept for reuse, in MiB")
     max_compiled_grammar_mb: int = _opt(
         256,
-        "refuse a grammar whose compiled form, serialized, is larger, in MiB (the engine "
-        "needs several times this to load it)",
+        "refuse a grammar whose compiled form takes more memory than this, in MiB",
     )
     compile_worker_memory_mb: int = _opt(
         8192, "address-space cap of each compile worker, in MiB; a compile past it fails"

@@ -97,16 +97,28 @@ def default_call_id() -> str:
 class ToolCallParser(ABC):
     """Reads one output's content text, incrementally. Per-call work is proportional
     to the new text; only what is unresolved is held back (a partial marker, a call
-    not yet complete: a call comes out whole, once it is known to be one)."""
+    not yet known to be one).
+
+    ``forced``: the output was written under the format's own constraint, which
+    guarantees its calls, so a call may stream as it is written (its first piece once
+    its name is known, then its arguments text as it comes). Without it a parser holds
+    each call until it resolves (auto mode: it may still turn out not to be a call)."""
 
     def __init__(
-        self, fmt: ToolFormat, tools: Sequence[FunctionTool], *, named: str | None = None
+        self,
+        fmt: ToolFormat,
+        tools: Sequence[FunctionTool],
+        *,
+        named: str | None = None,
+        forced: bool = False,
     ) -> None:
         self.format = fmt
         self.tools = list(tools)
         self.tools_by_name = {t.name: t for t in tools}
         #: the request's named function, if any
         self.named = named
+        #: the output was written under this format's constraint (see the class docstring)
+        self.forced = forced
 
     @abstractmethod
     def push(self, text: str) -> StreamDelta:
@@ -153,17 +165,23 @@ class ToolFormat(ABC):
 
     @abstractmethod
     def new_parser(
-        self, tools: Sequence[FunctionTool], *, named: str | None = None
+        self, tools: Sequence[FunctionTool], *, named: str | None = None, forced: bool = False
     ) -> ToolCallParser:
         """An incremental parser for one output. ``named`` is the request's named
-        function, for formats whose output does not carry the name."""
+        function, for formats whose output does not carry the name; ``forced``: the
+        output was written under this format's `constraint` (`ToolCallParser`)."""
 
     def parse(
-        self, text: str, tools: Sequence[FunctionTool], *, named: str | None = None
+        self,
+        text: str,
+        tools: Sequence[FunctionTool],
+        *,
+        named: str | None = None,
+        forced: bool = False,
     ) -> ParsedOutput:
         """Whole content text to calls and the remaining content (via the same
         machine as the stream, so the two agree)."""
-        parser = self.new_parser(tools, named=named)
+        parser = self.new_parser(tools, named=named, forced=forced)
         deltas = [parser.push(text), parser.finish()]
         return collect(deltas)
 

@@ -47,9 +47,9 @@ class JsonSchemaToolFormat(ToolFormat):
         return structural_tag(CALLS.grammar(chosen, free, many=parallel))
 
     def new_parser(
-        self, tools: Sequence[FunctionTool], *, named: str | None = None
+        self, tools: Sequence[FunctionTool], *, named: str | None = None, forced: bool = False
     ) -> ToolCallParser:
-        return JsonSchemaParser(self, tools, named=named)
+        return JsonSchemaParser(self, tools, named=named, forced=forced)
 
     @property
     def markup(self) -> Markup:

@@ -42,9 +42,9 @@ class Llama3JsonToolFormat(ToolFormat):
         return structural_tag(seq(optional(token(PYTHON_TAG)), calls))
 
     def new_parser(
-        self, tools: Sequence[FunctionTool], *, named: str | None = None
+        self, tools: Sequence[FunctionTool], *, named: str | None = None, forced: bool = False
     ) -> ToolCallParser:
-        return Llama3JsonParser(self, tools, named=named)
+        return Llama3JsonParser(self, tools, named=named, forced=forced)
 
     @property
     def markup(self) -> Markup:

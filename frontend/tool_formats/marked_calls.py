@@ -240,9 +240,14 @@ class MarkedCallParser(ScanParser):
     are one JSON value; families with other arguments override `_arguments`."""
 
     def __init__(
-        self, fmt: ToolFormat, tools: Sequence[FunctionTool], *, named: str | None = None
+        self,
+        fmt: ToolFormat,
+        tools: Sequence[FunctionTool],
+        *,
+        named: str | None = None,
+        forced: bool = False,
     ) -> None:
-        super().__init__(fmt, tools, named=named)
+        super().__init__(fmt, tools, named=named, forced=forced)
         syn: CallSyntax = fmt.syntax  # type: ignore[attr-defined]
         self.syntax = syn
         section = syn.section_markers
@@ -438,9 +443,9 @@ class JsonArgumentsFormat(ToolFormat):
         return structural_tag(calls_format(self.syntax, markers, calls, many=many))
 
     def new_parser(
-        self, tools: Sequence[FunctionTool], *, named: str | None = None
+        self, tools: Sequence[FunctionTool], *, named: str | None = None, forced: bool = False
     ) -> ToolCallParser:
-        return self.parser_class(self, tools, named=named)
+        return self.parser_class(self, tools, named=named, forced=forced)
 
     @property
     def markup(self) -> Markup:

@@ -139,9 +139,9 @@ class HarmonyToolFormat(ToolFormat):
         return structural_tag(seq(HARMONY.opening(), answer))
 
     def new_parser(
-        self, tools: Sequence[FunctionTool], *, named: str | None = None
+        self, tools: Sequence[FunctionTool], *, named: str | None = None, forced: bool = False
     ) -> ToolCallParser:
-        return HarmonyParser(self, tools, named=named)
+        return HarmonyParser(self, tools, named=named, forced=forced)
 
     @property
     def markup(self) -> Markup:

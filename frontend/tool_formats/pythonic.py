@@ -116,9 +116,9 @@ class PythonicToolFormat(ToolFormat):
         return arguments(parts, CALLS.separator)
 
     def new_parser(
-        self, tools: Sequence[FunctionTool], *, named: str | None = None
+        self, tools: Sequence[FunctionTool], *, named: str | None = None, forced: bool = False
     ) -> ToolCallParser:
-        return PythonicParser(self, tools, named=named)
+        return PythonicParser(self, tools, named=named, forced=forced)
 
     @property
     def markup(self) -> Markup:

@@ -8,14 +8,24 @@ back; a state that cannot decide yet waits), so every emission is a function of 
 text alone, however it was cut into pieces. `ToolFormat.parse` runs this same
 machine on the whole text at once.
 
-Why every call that comes out is a call: a call is held from its first character
-until it resolves. It resolves as a call once its name is one of the request's
-tools and its arguments are complete and one JSON object; it then comes out whole
-(id, name and arguments in one piece). Anything else (an unknown name, arguments cut
-short by a marker or by the end of the output, arguments that are not an object)
-was not a call: its text, markers included, is released as content, and reading
-goes on after it. What is held is the call's own text, kept as the pieces it was
-consumed in, so no push rescans it.
+Why every call that comes out is a call (auto mode): a call is held from its first
+character until it resolves. It resolves as a call once its name is one of the
+request's tools and its arguments are complete and one JSON object; it then comes
+out whole (id, name and arguments in one piece). Anything else (an unknown name,
+arguments cut short by a marker or by the end of the output, arguments that are not
+an object) was not a call: its text, markers included, is released as content, and
+reading goes on after it. What is held is the call's own text, kept as the pieces it
+was consumed in, so no push rescans it.
+
+Forced mode (the parser's ``forced``: the format's constraint wrote the output, so
+its calls are calls by construction): a call is a call once its name is one of the
+request's tools. Its first piece (index, id, name) comes out then, and each
+arguments text a state reads comes out as it is read, surrounding whitespace left
+out (held at the end of what came so far until more text shows it is inside). What
+stops it early (the end of the output, a marker, text that does not read) ends the
+call where it stands: arguments cut short stay as they came (``finish_reason``
+"length" says so), and nothing of a call's text is released as content. Stream and
+whole agree the same way as in auto mode: each piece is a function of the text alone.
 """
 
 from __future__ import annotations
@@ -86,6 +96,12 @@ class _HeldCall:
     name: str = ""
     call_id: str | None = None
     arguments: list[str] = field(default_factory=list)
+    #: forced mode: its index once it streams (its first piece came out)
+    index: int | None = None
+    #: forced mode: arguments text has come out (leading whitespace is left out)
+    begun: bool = False
+    #: forced mode: whitespace at the end of what was read, not yet known to be inside
+    trailing: list[str] = field(default_factory=list)
 
 
 class ScanParser(ToolCallParser):
@@ -100,13 +116,19 @@ class ScanParser(ToolCallParser):
 
     A state reads a call with `_begin_call` (where its text starts), `_name_call`,
     `_args`, and then `_end_call` (the call is complete: emit it if it is valid) or
-    `_fail_call` (it is not a call: its text is content).
+    `_fail_call` (it is not a call: its text is content). In forced mode the same
+    calls stream the call instead (see the module docstring).
     """
 
     def __init__(
-        self, fmt: ToolFormat, tools: Sequence[FunctionTool], *, named: str | None = None
+        self,
+        fmt: ToolFormat,
+        tools: Sequence[FunctionTool],
+        *,
+        named: str | None = None,
+        forced: bool = False,
     ) -> None:
-        super().__init__(fmt, tools, named=named)
+        super().__init__(fmt, tools, named=named, forced=forced)
         self._buf = ""
         self._pos = 0
         self._final = False
@@ -158,7 +180,7 @@ class ScanParser(ToolCallParser):
     def _trim(self) -> None:
         """Drop the consumed text from the buffer (a held call keeps its share)."""
         call = self._call
-        if call is not None:
+        if call is not None and call.index is None:
             call.raw.append(self._buf[call.start : self._pos])
             call.start = 0
         self._buf = self._buf[self._pos :]
@@ -244,26 +266,63 @@ class ScanParser(ToolCallParser):
 
     def _name_call(self, name: str, call_id: str | None = None) -> bool:
         """Name the held call; False if ``name`` is not one of the request's tools
-        (the call is then not a call: the caller fails it)."""
-        assert self._call is not None
+        (the call is then not a call: the caller fails it). In forced mode a named
+        call is a call: its first piece comes out now."""
+        call = self._call
+        assert call is not None
         if name not in self.tools_by_name:
             return False
-        self._call.name = name
-        self._call.call_id = call_id
+        call.name = name
+        call.call_id = call_id
+        if self.forced:
+            call.index = index = self._calls
+            self._calls += 1
+            cid = call_id if call_id is not None else self.new_call_id(index, name)
+            self._out.tool_calls.append(ToolCallDelta(index=index, id=cid, name=name))
         return True
 
     def _args(self, text: str) -> None:
-        """More arguments text for the held call."""
-        if text:
-            assert self._call is not None
-            self._call.arguments.append(text)
+        """More arguments text for the held call (in forced mode, out it goes)."""
+        if not text:
+            return
+        call = self._call
+        assert call is not None
+        if call.index is None:
+            call.arguments.append(text)
+            return
+        if not call.begun:
+            text = text.lstrip()
+            if not text:
+                return
+            call.begun = True
+        body = text.rstrip()
+        if not body:
+            call.trailing.append(text)
+            return
+        if call.trailing:
+            held = "".join(call.trailing)
+            call.trailing.clear()
+        else:
+            held = ""
+        if len(body) < len(text):
+            call.trailing.append(text[len(body) :])
+        body = held + body
+        out = self._out.tool_calls
+        if out and out[-1].index == call.index:
+            out[-1].arguments += body
+        else:
+            out.append(ToolCallDelta(index=call.index, arguments=body))
 
     def _end_call(self) -> bool:
         """The held call is complete: emit it if it is named and its arguments are
         one JSON object (surrounding whitespace dropped), else release its text as
-        content. Returns whether it was a call."""
+        content. Returns whether it was a call (always, for a forced call that
+        streams: it came out already)."""
         call = self._call
         assert call is not None
+        if call.index is not None:
+            self._call = None
+            return True
         arguments = "".join(call.arguments).strip()
         if not call.name or not is_json_object(arguments):
             self._fail_call()
@@ -278,11 +337,13 @@ class ScanParser(ToolCallParser):
         return True
 
     def _fail_call(self) -> None:
-        """The held call is not a call: its text up to ``self._pos`` is content."""
+        """The held call is not a call: its text up to ``self._pos`` is content. A
+        forced call that streams ends where it stands instead (its text is the call's)."""
         call = self._call
         assert call is not None
         self._call = None
-        self._content("".join(call.raw) + self._buf[call.start : self._pos])
+        if call.index is None:
+            self._content("".join(call.raw) + self._buf[call.start : self._pos])
 
     def _drop_call(self) -> None:
         """What was held is markup, not a call and not content (Harmony's headers)."""

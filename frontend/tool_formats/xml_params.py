@@ -113,17 +113,23 @@ class ParamSyntax:
 
 class ValueWriter:
     """Turns one parameter's raw text, arriving in pieces, into JSON text: a TEXT value
-    streams as an escaped JSON string; a JSON value is read once complete."""
+    streams as an escaped JSON string; a JSON value is read once complete, unless
+    ``trusted`` (a forced call: the constraint wrote JSON of the schema), when it
+    streams as written, surrounding whitespace left out (as the complete value strips
+    it)."""
 
-    __slots__ = ("kind", "started", "_wrapped", "_held", "_raw")
+    __slots__ = ("kind", "started", "_wrapped", "_trusted", "_held", "_raw", "_shown")
 
-    def __init__(self, kind: Kind, newline_wrapped: bool) -> None:
+    def __init__(self, kind: Kind, newline_wrapped: bool, *, trusted: bool = False) -> None:
         self.kind = kind
         #: some raw text has arrived
         self.started = False
         self._wrapped = newline_wrapped
+        self._trusted = trusted and kind is Kind.JSON
         self._held = ""
         self._raw: list[str] = []
+        #: trusted: some of the value came out
+        self._shown = False
 
     def begin(self) -> str:
         return '"' if self.kind is Kind.TEXT else ""
@@ -134,6 +140,8 @@ class ValueWriter:
         if self._wrapped and not self.started and raw[0] == "\n":
             raw = raw[1:]
         self.started = True
+        if self._trusted:
+            return self._stream(raw)
         if self.kind is Kind.JSON:
             self._raw.append(raw)
             return ""
@@ -143,12 +151,28 @@ class ValueWriter:
             text = text[:-1]
         return _escape(text)
 
+    def _stream(self, raw: str) -> str:
+        """A trusted JSON value's text: whitespace at its start dropped, at its end held
+        (in ``_raw``) until text follows it."""
+        body = raw.rstrip()
+        if not body:
+            self._raw.append(raw)
+            return ""
+        held = "".join(self._raw)
+        self._raw = [raw[len(body) :]] if len(body) < len(raw) else []
+        if not self._shown:
+            self._shown = True
+            return (held + body).lstrip()
+        return held + body
+
     def end(self) -> str:
         if self.kind is Kind.TEXT:
             return '"'
         raw = "".join(self._raw)
         if self._wrapped and raw.endswith("\n"):
             raw = raw[:-1]
+        if self._shown:
+            return ""
         value = raw.strip()
         return value if is_json(value) else dumps(raw)
 
@@ -236,7 +260,8 @@ class XmlParamsParser(MarkedCallParser):
         if not key:
             return self._params_done()
         self._pos = end
-        self._writer = ValueWriter(self._kind_of(key), p.newline_wrapped)
+        kind = self._kind_of(key)
+        self._writer = ValueWriter(kind, p.newline_wrapped, trusted=self.forced)
         self._args(("{" if self._written == 0 else ", ") + dumps(key) + ": " + self._writer.begin())
         self._written += 1
         self._state = self._value_open if p.value_begin else self._value
@@ -299,7 +324,7 @@ class XmlParamsParser(MarkedCallParser):
         buf, pos = self._buf, self._pos
         end, m = self._reach(self._hard)
         _, stop = self._json.feed(buf, pos, end)
-        writer.feed(buf[pos:stop])
+        self._args(writer.feed(buf[pos:stop]))
         self._pos = stop
         if self._json.done:
             self._json = JsonExtent()
@@ -460,9 +485,9 @@ class XmlArgumentsFormat(ToolFormat):
         return structural_tag(calls_format(syntax, markers, calls, many=many))
 
     def new_parser(
-        self, tools: Sequence[FunctionTool], *, named: str | None = None
+        self, tools: Sequence[FunctionTool], *, named: str | None = None, forced: bool = False
     ) -> ToolCallParser:
-        return self.parser_class(self, tools, named=named)
+        return self.parser_class(self, tools, named=named, forced=forced)
 
     @property
     def markup(self) -> Markup:

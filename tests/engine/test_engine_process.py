@@ -282,7 +282,8 @@ def test_sigterm_gives_every_request_a_final_output():
                 for i in range(5)
             ]
             tasks = [asyncio.create_task(collect(client, r)) for r in reqs]
-            await asyncio.sleep(1.0)
+            while (await client.health()).num_running < len(reqs):  # the core is up and busy
+                await asyncio.sleep(0.05)
             client.proc.send_signal(signal.SIGTERM)
             return await asyncio.wait_for(asyncio.gather(*tasks), 20), await asyncio.to_thread(
                 client.proc.wait, 20

@@ -23,8 +23,8 @@ OPEN, CLOSE = "<call>", "</call>"
 
 
 class _Parser(ToolCallParser):
-    def __init__(self, fmt, tools):
-        super().__init__(fmt, tools)
+    def __init__(self, fmt, tools, forced):
+        super().__init__(fmt, tools, forced=forced)  # it holds each call whole all the same
         self._buf = ""
         self._in_call = False
         self._scan = 0
@@ -104,5 +104,5 @@ class ToyCallsFormat(ToolFormat):
             SpecKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": fmt})
         )
 
-    def new_parser(self, tools, *, named=None):
-        return _Parser(self, tools)
+    def new_parser(self, tools, *, named=None, forced=False):
+        return _Parser(self, tools, forced)

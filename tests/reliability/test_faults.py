@@ -346,6 +346,7 @@ def test_a_front_end_frozen_past_its_timeout_gets_every_request_ended_when_it_th
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.reliability.frozen_client", served.client.address, str(n)],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env=env,
         cwd=ROOT,
         text=True,
@@ -361,7 +362,12 @@ def test_a_front_end_frozen_past_its_timeout_gets_every_request_ended_when_it_th
         )
         os.kill(proc.pid, signal.SIGCONT)
         thawed = time.monotonic()
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"the thawed front end did not finish: {out}\n{err}") from None
         took = time.monotonic() - thawed
     finally:
         if proc.poll() is None:

@@ -301,6 +301,8 @@ def test_an_engine_without_an_address_makes_its_own_private_socket(tmp_path):
                 "random",
                 "--max-num-seqs",
                 "4",
+                "--port",
+                "0",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -324,8 +326,8 @@ def _wait_for_address(proc: subprocess.Popen, log: Path, timeout_s: float = 180)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for line in log.read_text(errors="replace").splitlines():
-            if "listening on " in line:
-                return line.split("listening on ", 1)[1].strip()
+            if "engine ready on " in line:  # the engine's own log line, through serve
+                return line.split("engine ready on ", 1)[1].split()[0]
         assert proc.poll() is None, log.read_text()
         time.sleep(0.1)
     raise AssertionError("the engine did not start")

@@ -1,9 +1,11 @@
 """Forced calls through a format and back: constrain, generate with the adversarial
-sampler, parse the whole output and the stream of it, and check the calls.
+sampler, parse the whole output and the stream of it as the front end does (a forced
+parser), and check the calls.
 
 `round_trip` runs every tool set with tool_choice "required" and named, and
-``parallel_tool_calls`` on and off, and returns the figures; `call_errors` says what
-is wrong with one parsed output, if anything.
+``parallel_tool_calls`` on and off, and returns the figures; `forced_parse_errors`
+says what is wrong with the reading of one output, `call_errors` with one parsed
+output, if anything.
 """
 
 from __future__ import annotations
@@ -59,9 +61,11 @@ def stream_parse(
     tools: Sequence[FunctionTool],
     cuts: Iterable[int],
     named: str | None = None,
+    *,
+    forced: bool = False,
 ) -> ParsedOutput:
     """``text`` pushed in pieces ending at ``cuts``, folded like a client would."""
-    parser = fmt.new_parser(tools, named=named)
+    parser = fmt.new_parser(tools, named=named, forced=forced)
     deltas = []
     pos = 0
     for cut in sorted(set(cuts)):
@@ -98,6 +102,30 @@ def same_output(a: ParsedOutput, b: ParsedOutput, *, compare_ids: bool) -> bool:
         )
 
     return key(a) == key(b)
+
+
+def forced_parse_errors(
+    fmt: ToolFormat,
+    text: str,
+    tools: Sequence[FunctionTool],
+    named: str | None,
+    parallel: bool,
+    rng: random.Random,
+) -> tuple[ParsedOutput, list[str]]:
+    """The front end's reading of ``text``, an output of ``fmt``'s constraint (its
+    forced parse), and what is wrong with it: no valid forced call (`call_errors`), a
+    stream (forced, cut at random) that differs from it, or an auto parse that reads
+    other calls."""
+    compare_ids = fmt.name == "kimi_k2"
+    whole = fmt.parse(text, tools, named=named, forced=True)
+    streamed = stream_parse(fmt, text, tools, random_cuts(rng, len(text)), named, forced=True)
+    errors = call_errors(whole, tools, named, parallel)
+    if not same_output(whole, streamed, compare_ids=compare_ids):
+        errors.append(f"stream {streamed!r} != whole {whole!r}")
+    auto = fmt.parse(text, tools, named=named)
+    if not same_output(whole, auto, compare_ids=compare_ids):
+        errors.append(f"forced {whole!r} != auto {auto!r}")
+    return whole, errors
 
 
 def random_cuts(rng: random.Random, length: int) -> list[int]:
@@ -157,7 +185,6 @@ def round_trip(
     parse whole and streamed, check. Failures carry the seed and case to reproduce."""
     stats = RoundTrip(family)
     tokenizer = sampler.tokenizer
-    compare_ids = family == "kimi_k2"
     for k, tools in enumerate(tool_sets):
         rng = random.Random(seed * 1_000_003 + k)
         for named in (None, rng.choice(tools).name):
@@ -186,12 +213,8 @@ def round_trip(
                     ids = [*ids, gen.stop_id]  # the content may end with the stop text
                 text = tokenizer.decode(ids)
                 t3 = time.perf_counter()
-                whole = fmt.parse(text, tools, named=named)
-                streamed = stream_parse(fmt, text, tools, random_cuts(rng, len(text)), named)
+                whole, errors = forced_parse_errors(fmt, text, tools, named, parallel, rng)
                 stats.parse_s += time.perf_counter() - t3
-                errors = call_errors(whole, tools, named, parallel)
-                if not same_output(whole, streamed, compare_ids=compare_ids):
-                    errors.append(f"stream {streamed!r} != whole {whole!r}")
                 if errors:
                     stats.failures.append(f"{case}: {errors[0]}\n  output: {text!r}")
                 else:

@@ -1,6 +1,7 @@
-"""Stream and whole parse agree byte for byte on any text cut anywhere: the family's
-example edited at random with its markers (whole, and cut in halves), JSON and
-markup punctuation, prose and stop texts; and outputs of the family's constraint."""
+"""Stream and whole parse agree byte for byte on any text cut anywhere, in auto and
+in forced mode: the family's example edited at random with its markers (whole, and
+cut in halves), JSON and markup punctuation, prose and stop texts; and outputs of the
+family's constraint (forced outputs in depth: test_forced_stream.py)."""
 
 from __future__ import annotations
 
@@ -71,29 +72,47 @@ def cuts_for(text: str) -> st.SearchStrategy[list[int]]:
     return st.one_of(st.just(list(range(1, len(text)))), points)
 
 
-def check_agreement(fmt: ToolFormat, text: str, cuts: list[int], named: str | None = None) -> None:
-    whole = fmt.parse(text, EXAMPLE_TOOLS, named=named)
-    streamed = stream_parse(fmt, text, EXAMPLE_TOOLS, cuts, named)
+def check_agreement(
+    fmt: ToolFormat,
+    text: str,
+    cuts: list[int],
+    named: str | None = None,
+    *,
+    forced: bool = False,
+) -> None:
+    whole = fmt.parse(text, EXAMPLE_TOOLS, named=named, forced=forced)
+    streamed = stream_parse(fmt, text, EXAMPLE_TOOLS, cuts, named, forced=forced)
     assert same_output(streamed, whole, compare_ids=fmt.name == "kimi_k2"), (text, cuts)
 
 
+#: auto mode (calls held until they resolve) and forced mode (calls stream as read:
+#: text no grammar would write must still stream as it parses whole)
+MODES = pytest.mark.parametrize("forced", [False, True], ids=["auto", "forced"])
+
+
+@MODES
 @pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_stream_equals_whole_on_adversarial_text(family: str, data: st.DataObject) -> None:
+def test_stream_equals_whole_on_adversarial_text(
+    family: str, forced: bool, data: st.DataObject
+) -> None:
     fmt = format_for(family)
     text = data.draw(texts(family))
-    check_agreement(fmt, text, data.draw(cuts_for(text)))
+    check_agreement(fmt, text, data.draw(cuts_for(text)), forced=forced)
 
 
+@MODES
 @pytest.mark.parametrize("named", [None, "get_weather"])
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.data())
-def test_json_schema_way_stream_equals_whole(named: str | None, data: st.DataObject) -> None:
+def test_json_schema_way_stream_equals_whole(
+    named: str | None, forced: bool, data: st.DataObject
+) -> None:
     fmt = JsonSchemaToolFormat(format_for("hermes").tokenizer)
     pieces = sorted(set(GENERIC + ['[{"name": "get_weather", "parameters": {"city": "Paris"}}]']))
     text = data.draw(st.lists(st.sampled_from(pieces), max_size=30).map("".join))
-    check_agreement(fmt, text, data.draw(cuts_for(text)), named)
+    check_agreement(fmt, text, data.draw(cuts_for(text)), named, forced=forced)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -112,8 +131,9 @@ def test_stream_equals_whole_on_constrained_output(family: str) -> None:
         check_agreement(fmt, text, sorted(rng.sample(range(1, len(text)), 5)))
 
 
+@MODES
 @pytest.mark.parametrize("family", FAMILIES)
-def test_work_per_push_is_proportional_to_new_text(family: str) -> None:
+def test_work_per_push_is_proportional_to_new_text(family: str, forced: bool) -> None:
     """A long argument string pushed a character at a time: four times the text runs
     about four times the parser's lines (counted, not timed; a parser that rescanned
     its buffer would run sixteen times as many)."""
@@ -123,7 +143,7 @@ def test_work_per_push_is_proportional_to_new_text(family: str) -> None:
 
     def run(n: int) -> int:
         text = head + "word " * n + tail
-        parser = fmt.new_parser(EXAMPLE_TOOLS)
+        parser = fmt.new_parser(EXAMPLE_TOOLS, forced=forced)
 
         def push_all() -> None:
             for ch in text:

@@ -1,0 +1,108 @@
+"""Jump forward: what a grammar forces next, as the tokens the model's own tokenizer
+would write for it.
+
+xgrammar's matcher gives the forced text from its state
+(`GrammarMatcher.find_jump_forward_string`): the longest string every continuation the
+grammar admits begins with, cut to whole UTF-8 characters. It stops before a
+token-level element (a family's marker, which our sealed vocabulary makes a token the
+grammar names by id), so a jump never writes a marker. How far it is trusted: as text
+only. Each token of the jump is still fed to the matcher, and a token it refuses ends
+the jump there (the tokens before it stay: each was accepted).
+
+The split must be the tokenizer's own, or the model reads its output in a form it was
+never trained on. Tokenizers cut text into chunks first (words with one leading space
+or sign, runs of digits, of punctuation, of whitespace) and merge bytes only within a
+chunk, so what follows the forced text can change only the chunk the text ends in (and,
+for a run of newlines, the punctuation it follows). The jump therefore keeps the
+tokenizer's tokens of the forced text up to where its last chunk begins, found by
+character classes; and only where that cut is also a token boundary of the text's own
+encoding (else one chunk earlier, else no jump). xgrammar's own
+`find_jump_forward_tokens` splits greedily by the longest token instead, which is not
+how a BPE tokenizer splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+#: character classes of the chunk rule: letters, digits, whitespace, anything else
+_LETTER, _DIGIT, _SPACE, _OTHER = 0, 1, 2, 3
+
+
+def _cls(ch: str) -> int:
+    if ch.isalpha():
+        return _LETTER
+    if ch.isdigit() or ch.isnumeric():
+        return _DIGIT
+    if ch.isspace():
+        return _SPACE
+    return _OTHER
+
+
+def last_chunk_start(text: str) -> int:
+    """Where the chunk that ``text`` ends in may begin, at the earliest, once more text
+    follows: the trailing run of one character class, with the one character a word or
+    a punctuation run may carry in front (a space; for a word, any sign or space but a
+    newline); for a trailing run of whitespace also the run before it, and for
+    punctuation with an apostrophe the word before it."""
+    i = len(text)
+    if not i:
+        return 0
+    c = _cls(text[i - 1])
+    while i and _cls(text[i - 1]) == c:
+        i -= 1
+    if c == _SPACE and i:  # newlines join the punctuation before them; spaces the word after
+        c = _cls(text[i - 1])
+        while i and _cls(text[i - 1]) == c:
+            i -= 1
+    if c == _OTHER and "'" in text[i:] and i and _cls(text[i - 1]) == _LETTER:
+        c = _LETTER  # an apostrophe may join the word before it ("n't", "'s")
+        while i and _cls(text[i - 1]) == c:
+            i -= 1
+    if i and c in (_LETTER, _OTHER):
+        prev = text[i - 1]
+        if prev == " " or (c == _LETTER and _cls(prev) in (_OTHER, _SPACE) and prev not in "\r\n"):
+            i -= 1
+    return i
+
+
+class ForcedTokens:
+    """Canonical token ids of forced text, for one vocabulary.
+
+    ``encode`` encodes ordinary text (no special tokens); ``token_bytes`` gives each
+    id's bytes."""
+
+    def __init__(self, encode: Callable[[str], list[int]], token_bytes: Sequence[bytes]) -> None:
+        self._encode = encode
+        self._bytes = token_bytes
+
+    def __call__(self, text: str) -> list[int]:
+        """The ids that write a safe prefix of ``text`` (maybe none)."""
+        cut = text.find("\x00")  # a sealed marker (never expected: xgrammar stops before)
+        if cut >= 0:
+            text = text[:cut]
+        ids = self._encode(text)
+        ends: list[int] = []
+        at = 0
+        for t in ids:
+            at += len(self._bytes[t])
+            ends.append(at)
+        for _ in range(2):
+            text = text[: last_chunk_start(text)]
+            if not text:
+                return []
+            want = len(text.encode("utf-8"))
+            n = _count_to(ends, want)
+            if n:
+                return ids[:n]
+        return []
+
+
+def _count_to(ends: list[int], want: int) -> int:
+    """How many tokens end exactly at byte ``want`` (0: none does)."""
+    for i, e in enumerate(ends):
+        if e == want:
+            return i + 1
+        if e > want:
+            return 0
+    return 0
