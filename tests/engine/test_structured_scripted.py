@@ -14,7 +14,7 @@ from frontend.tool_formats import FunctionTool, create_tool_format
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from reasoning import create_reasoning_parser
 from structured_output.config import StructuredOutputConfig
-from tests.support.engine import EngineHarness, collect
+from tests.support.engine import ONE_WORKER, EngineHarness, collect
 from tests.support.prompts import chat_prompt
 from tokenization import load_tokenizer
 
@@ -61,7 +61,10 @@ def engine(tmp_path_factory):
     path.write_text(json.dumps(SCRIPT))
     h = EngineHarness(
         EngineConfig(
-            model="scripted", runner_options={"script": str(path)}, reasoning_parser="qwen3"
+            model="scripted",
+            runner_options={"script": str(path)},
+            reasoning_parser="qwen3",
+            structured_output=ONE_WORKER,
         )
     )
     yield h

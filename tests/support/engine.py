@@ -21,10 +21,15 @@ from typing import Any, TypeVar
 from engine_core.client import EngineClient, RequestOutput
 from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, private_ipc_address
+from structured_output.config import StructuredOutputConfig
 
 from .processes import ROOT, child_env
 
 T = TypeVar("T")
+
+#: for the engines of tests that do not test the compile workers: one worker, not the
+#: default two (each is a process that imports torch and xgrammar, ~2.5 CPU-seconds)
+ONE_WORKER = StructuredOutputConfig(compile_workers=1)
 
 
 class LoopThread:
