@@ -1,6 +1,7 @@
-"""thinkgate bench fill|apply|sample|e2e|latency|http|startup: measure the engine's
-structured-output paths side by side with the usual way, the engine process around the
-model, its start-up, and the HTTP server. See bench/README.md."""
+"""thinkgate bench fill|apply|sample|e2e|throughput|jump|latency|http|startup: measure the
+engine's structured-output paths side by side with the usual way, the engine process
+around the model, its throughput against transformers, its start-up, and the HTTP
+server. See bench/README.md."""
 
 from __future__ import annotations
 
@@ -125,17 +126,34 @@ def parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser(
         "e2e",
-        help="the engine process with the random model: step time and "
-        "structured-output overhead per request mix",
+        help="the engine process with the random model or a model directory: step time, "
+        "tokens/s and the structured-output share per request mix",
     )
     _common(p, iters=100, warmup=20)
     p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="a model directory run by the batched runner (default: the random model)",
+    )
+    p.add_argument("--dtype", default="auto", help="of --model (default auto)")
+    p.add_argument(
         "--engine-torch-threads", type=int, help="torch intra-op threads of the engine process"
     )
-    p.add_argument("--max-tokens", type=int, default=4096, help="of each request (default 4096)")
-    p.add_argument("--batch-size", type=int, default=256, help="running rows (default 256)")
     p.add_argument(
-        "--forward-ms", type=float, default=20.0, help="fixed cost per forward (default 20)"
+        "--max-tokens",
+        type=int,
+        help="of each request (default 4096; 384 with --model, whose attention grows with it)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        type=_ints,
+        help="running rows, one engine each (default 256; 1,32,128,256 with --model)",
+    )
+    p.add_argument(
+        "--forward-ms",
+        type=float,
+        default=20.0,
+        help="fixed cost per forward of the random model (default 20)",
     )
     p.add_argument(
         "--constrained",
@@ -155,6 +173,48 @@ def parser() -> argparse.ArgumentParser:
         default=list(GRAMMARS),
         help="constrained requests take these in turn",
     )
+    p = sub.add_parser(
+        "throughput",
+        help="tokens/s of the engine against transformers' generate (padded batches, "
+        "continuous batching, xgrammar's logits processor) on one model directory",
+    )
+    _common(p, iters=3, warmup=1)
+    p.add_argument("--model", metavar="DIR", required=True, help="a model directory")
+    p.add_argument(
+        "--engine-torch-threads", type=int, help="torch intra-op threads of the engine process"
+    )
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    p.add_argument("--requests", type=int, default=64, help="prompts per run (default 64)")
+    p.add_argument("--batch-size", type=int, default=32, help="running rows (default 32)")
+    p.add_argument("--new-tokens", type=int, default=64, help="per request (default 64)")
+    p.add_argument("--min-prompt", type=int, default=24, help="prompt tokens (default 24)")
+    p.add_argument("--max-prompt", type=int, default=96, help="prompt tokens (default 96)")
+    p.add_argument(
+        "--modes",
+        type=_names(("unconstrained", "constrained")),
+        default=["unconstrained", "constrained"],
+        help="unconstrained,constrained (default both)",
+    )
+    p.add_argument(
+        "--grammars",
+        type=_names(GRAMMARS),
+        default=list(GRAMMARS),
+        help="constrained requests take these in turn",
+    )
+    p = sub.add_parser(
+        "jump",
+        help="forward passes per forced tool call with and without jump forward, on one "
+        "model directory",
+    )
+    _common(p, iters=0, warmup=0)
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        required=True,
+        help="a model directory, or scripted (writes each call with example arguments)",
+    )
+    p.add_argument("--calls", type=int, default=8, help="calls per case, at most 8 (default 8)")
+    p.add_argument("--max-tokens", type=int, default=128, help="per call (default 128)")
     p = sub.add_parser(
         "latency",
         help="the engine process: 1-token round trip through the client, steps per second",
@@ -260,6 +320,18 @@ def main(argv: list[str] | None = None) -> int:
         print(e2e.table(records))
         if args.plot:
             e2e.plot(records, args.plot)
+    elif args.bench == "throughput":
+        from . import throughput
+
+        records = throughput.run(args)
+        print(throughput.table(records))
+        if args.plot:
+            throughput.plot(records, args.plot)
+    elif args.bench == "jump":
+        from . import jump
+
+        records = jump.run(args)
+        print(jump.table(records))
     elif args.bench == "fill" and args.peer_python:
         from .peer import run, table
 

@@ -1,29 +1,39 @@
-"""End to end: the engine process with the random model, a full batch, and several
-request mixes.
+"""End to end: the engine process with a full batch, and several request mixes.
 
 One engine process (`bench.engine_probe`: the ordinary server, with timers around the
-phases of its step) runs the random-logits model with a fixed forward cost
-(``--forward-ms``) and the qwen3 reasoning parser, on the qwen3 vocabulary. The client
-connects to it and, per mix, keeps ``batch + batch/32`` requests in flight (a request
-that finishes is replaced at once, so the batch stays full and a few wait), lets the
-engine run ``--warmup`` steps, then measures ``--iters`` steps.
+phases of its step) runs, per batch size, either the random-logits model with a fixed
+forward cost (``--forward-ms``) or, with ``--model DIR``, a real model directory through
+the batched runner (a real forward pass; ``thinkgate make-model`` writes a small one),
+with the qwen3 reasoning parser. The client connects to it and, per mix, keeps
+``batch + batch/32`` requests in flight (a request that finishes is replaced at once, so
+the batch stays full and a few wait), lets the engine run ``--warmup`` steps, then
+measures ``--iters`` steps.
 
 A mix is a fraction of constrained requests (their grammars in turn from the bench
-mix; the builtin JSON grammar is asked for as ``json_object``, the engine's JSON mode)
-and whether half of the requests think. Thinking requests end their prompt with
-``<think>\\n`` (as Qwen3.5 templates do): the qwen3 parser sees the thought open, so
-they think from their first token, and the random model rarely writes ``</think>``, so
-they go on thinking through the window. The others end their prompt with
-``<think>\\n\\n</think>\\n\\n`` (thinking switched off): they answer at once, under their
-grammar if they have one. Both halves are split evenly between constrained and not.
-Unconstrained requests set ``ignore_eos`` and a large ``max_tokens`` so they last.
+mix: JSON schemas, a forced hermes tool call; the builtin JSON grammar is asked for as
+``json_object``, the engine's JSON mode) and whether half of the requests think.
+Thinking requests end their prompt with ``<think>\\n`` (as Qwen3.5 templates do): the
+qwen3 parser sees the thought open, so they think from their first token, and the
+models rarely write ``</think>``, so they go on thinking through the window. The others
+end their prompt with ``<think>\\n\\n</think>\\n\\n`` (thinking switched off): they
+answer at once, under their grammar if they have one. Both halves are split evenly
+between constrained and not. Unconstrained requests set ``ignore_eos`` and
+``--max-tokens`` so they last.
 
-Step time is measured inside the engine process, around ``EngineCore.step``. The
-structured-output overhead of a mix is its median step time minus that of the
-unconstrained mix with the same thinking split, over its median step time. The probe's
+Step time is measured inside the engine process, around ``EngineCore.step``; tokens per
+second are the tokens sampled over the window's steps over their time. The probe's
 phases say where the time goes: ``prepare`` (guides fed, masks filled; overlapped with
-the forward pass), ``wait`` (blocked on the forward pass after that), ``sample``
-(masks applied, tokens drawn), ``other`` (scheduling, outputs).
+the forward pass), ``forward`` (on the model thread), ``wait`` (blocked on the forward
+pass after ``prepare``), ``sample`` (masks applied, tokens drawn), ``other``
+(scheduling, outputs). Two measures of what structured output costs:
+
+- ``so_share``: the structured-output work that lengthens the step, over the step: the
+  part of ``prepare`` that outlasted the forward pass (zero when the fill is hidden
+  behind it; ``fill_hidden`` is the fraction of steps where it was) plus the time the
+  sampler spends on masks (turning them into allowed ids, applying them);
+- ``so_overhead``: the mix's median step minus that of the unconstrained mix with the
+  same thinking split, over its median step (negative where a constrained row that
+  allows few tokens is sampled from those alone, cheaper than a full-vocabulary draw).
 """
 
 from __future__ import annotations
@@ -50,6 +60,9 @@ from .common import Record, environment
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 PHASES = ("prepare", "forward", "wait", "sample", "other")
+
+#: batch sizes measured with ``--model`` unless ``--batch-sizes`` says otherwise
+MODEL_BATCH_SIZES = [1, 32, 128, 256]
 
 
 def _spec(grammar: str) -> StructuredOutputSpec:
@@ -81,7 +94,7 @@ async def _measure_mix(
     """Run one mix; return the engine's step numbers [start, end) of its window."""
     b = args.batch_size
     kinds = slot_kinds(b + max(1, b // 32), constrained, thinking)
-    tag = f"c{constrained:g}-t{int(thinking)}"
+    tag = f"b{b}-c{constrained:g}-t{int(thinking)}"
     grammars = iter(range(len(kinds)))
 
     async def slot(i: int, c: bool, think: bool) -> None:
@@ -102,11 +115,11 @@ async def _measure_mix(
 
     tasks = [asyncio.create_task(slot(i, c, t)) for i, (c, t) in enumerate(kinds)]
     try:
-        while (await client.health()).num_running < b:
+        while (await client.health(timeout_s=120)).num_running < b:
             await asyncio.sleep(0.05)
             _raise_failed(tasks)
-        start = (await client.health()).num_steps + args.warmup
-        while (h := await client.health()).num_steps < start + args.iters:
+        start = (await client.health(timeout_s=120)).num_steps + args.warmup
+        while (h := await client.health(timeout_s=120)).num_steps < start + args.iters:
             await asyncio.sleep(0.1)
             _raise_failed(tasks)
         end = h.num_steps
@@ -114,7 +127,7 @@ async def _measure_mix(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    while (h := await client.health()).num_running or h.num_waiting:
+    while (h := await client.health(timeout_s=120)).num_running or h.num_waiting:
         await asyncio.sleep(0.05)
     return start, end
 
@@ -146,17 +159,34 @@ def _raise_failed(tasks: list[asyncio.Task]) -> None:
             raise t.exception()  # type: ignore[misc]
 
 
-async def _run(args: argparse.Namespace, probe_out: Path) -> list[tuple[float, bool, int, int]]:
-    config = EngineConfig(
-        model="random",
-        tokenizer="qwen3",
+def engine_config(args: argparse.Namespace, batch: int) -> EngineConfig:
+    if args.model is None:
+        return EngineConfig(
+            model="random",
+            tokenizer="qwen3",
+            reasoning_parser="qwen3",
+            device=args.device,
+            max_num_seqs=batch,
+            runner_options={"forward_ms": args.forward_ms},
+            seed=args.seed,
+            log_level="WARNING",
+        )
+    own = Path(args.model, "tokenizer.json").is_file()
+    return EngineConfig(
+        model=args.model,
+        tokenizer=None if own else "qwen3",
         reasoning_parser="qwen3",
         device=args.device,
-        max_num_seqs=args.batch_size,
-        runner_options={"forward_ms": args.forward_ms},
+        dtype=args.dtype,
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(2048, batch),
         seed=args.seed,
         log_level="WARNING",
     )
+
+
+async def _run(args: argparse.Namespace, probe_out: Path) -> list[tuple[float, bool, int, int]]:
+    config = engine_config(args, args.batch_size)
     address, own_dir = private_ipc_address()
     env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proto = []
@@ -211,6 +241,17 @@ async def _run(args: argparse.Namespace, probe_out: Path) -> list[tuple[float, b
 
 
 def run(args: argparse.Namespace) -> list[Record]:
+    sizes = args.batch_sizes or (MODEL_BATCH_SIZES if args.model else [256])
+    if args.max_tokens is None:  # a real model's attention grows with the length
+        args.max_tokens = 384 if args.model else 4096
+    records = []
+    for b in sizes:
+        print(f"  e2e batch {b}", flush=True)
+        records += _run_size(argparse.Namespace(**{**vars(args), "batch_size": b}))
+    return records
+
+
+def _run_size(args: argparse.Namespace) -> list[Record]:
     tmp = Path(tempfile.mkdtemp(prefix="thinkgate-e2e-"))
     try:
         windows = asyncio.run(_run(args, tmp / "probe.json"))
@@ -227,10 +268,13 @@ def run(args: argparse.Namespace) -> list[Record]:
         stats.append((c, thinking, sel, ph))
     base = {t: float(np.median(ph["step"])) for c, t, _, ph in stats if c == 0}
     records = []
+    b = args.batch_size
     for c, thinking, sel, ph in stats:
         med = float(np.median(ph["step"]))
         overhead = (med - base[thinking]) / med if thinking in base else None
-        b = args.batch_size
+        exposed, apply = probe["exposed"][sel], probe["apply"][sel]
+        total = float(probe["step"][sel].sum())
+        masked = probe["masked"][sel] > 0
         records.append(
             Record(
                 bench="e2e",
@@ -248,9 +292,17 @@ def run(args: argparse.Namespace) -> list[Record]:
                 seed=args.seed,
                 grammars=list(args.grammars),
                 extra={
+                    "model": args.model or "random",
                     "constrained_fraction": c,
                     "thinking_fraction": 0.5 if thinking else 0.0,
-                    "forward_ms": args.forward_ms,
+                    "forward_ms": None if args.model else args.forward_ms,
+                    "tokens_per_s": round(float(probe["ready"][sel].sum()) / total, 1),
+                    "so_share": round((float(exposed.sum()) + float(apply.sum())) / total, 4),
+                    "fill_hidden": (
+                        round(float((exposed[masked] == 0).mean()), 3) if masked.any() else None
+                    ),
+                    "exposed_fill_median_us": round(float(np.median(exposed)) * 1e6, 1),
+                    "apply_median_us": round(float(np.median(apply)) * 1e6, 1),
                     "so_overhead": None if overhead is None else round(overhead, 4),
                     "phase_median_us": {k: round(float(np.median(v)), 1) for k, v in ph.items()},
                     "mean_rows": round(float(probe["rows"][sel].mean()), 1),
@@ -268,20 +320,24 @@ def run(args: argparse.Namespace) -> list[Record]:
 
 def table(records: list[Record]) -> str:
     head = (
-        f"{'constrained':>11}{'thinking':>9}{'rows':>7}{'masked':>7}{'think':>6}"
-        f"{'step p50':>11}{'p90':>10}" + "".join(f"{p:>10}" for p in PHASES) + f"{'overhead':>10}"
+        f"{'batch':>5}{'constr.':>8}{'think':>6}{'rows':>6}{'masked':>7}"
+        f"{'step p50':>11}{'p90':>10}"
+        + "".join(f"{p:>10}" for p in PHASES)
+        + f"{'tok/s':>8}{'SO share':>9}{'hidden':>7}{'overhead':>9}"
     )
     lines = [head, "-" * len(head)]
     for r in records:
         x = r.extra
         ph = x["phase_median_us"]
-        ov = x["so_overhead"]
+        ov, hid = x["so_overhead"], x["fill_hidden"]
         lines.append(
-            f"{x['constrained_fraction']:>11.0%}{x['thinking_fraction']:>9.0%}{x['mean_rows']:>7.0f}"
-            f"{x['mean_masked_rows']:>7.0f}{x['mean_thinking_rows']:>6.0f}"
+            f"{r.batch_size:>5}{x['constrained_fraction']:>8.0%}{x['thinking_fraction']:>6.0%}"
+            f"{x['mean_rows']:>6.0f}{x['mean_masked_rows']:>7.0f}"
             f"{r.median_us / 1e3:>8.1f} ms{r.p90_us / 1e3:>7.1f} ms"
             + "".join(f"{ph[p] / 1e3:>7.1f} ms" for p in PHASES)
-            + (f"{ov:>10.1%}" if ov is not None else f"{'-':>10}")
+            + f"{x['tokens_per_s']:>8.0f}{x['so_share']:>9.1%}"
+            + (f"{hid:>7.0%}" if hid is not None else f"{'-':>7}")
+            + (f"{ov:>9.1%}" if ov is not None else f"{'-':>9}")
         )
     return "\n".join(lines)
 
@@ -292,28 +348,35 @@ def plot(records: list[Record], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    labels, bottom = [], np.zeros(len(records))
-    for r in records:
-        x = r.extra
-        labels.append(
+    sizes = sorted({r.batch_size for r in records})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5 + 4 * len(sizes), 4.5), squeeze=False)
+    for ax, b in zip(axes[0], sizes, strict=True):
+        mine = [r for r in records if r.batch_size == b]
+        labels = [
             f"{x['constrained_fraction']:.0%} constr.\n{x['thinking_fraction']:.0%} think"
-        )
-    for i, p in enumerate(("prepare", "wait", "sample", "other")):
-        vals = np.array([max(0.0, r.extra["phase_median_us"][p]) / 1e3 for r in records])
-        ax.bar(labels, vals, bottom=bottom, color=f"C{i}", label=p)
-        bottom += vals
-    for i, r in enumerate(records):
-        ov = r.extra["so_overhead"]
-        note = f"{r.median_us / 1e3:.1f} ms" + ("" if ov is None else f"\n{ov:+.1%}")
-        ax.text(i, bottom[i], note, ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("median per step (ms); phases are medians")
-    ax.set_title(
-        f"bench e2e — {records[0].device}, batch {records[0].batch_size}, "
-        f"forward {records[0].extra['forward_ms']:g} ms (label: step p50, overhead)"
+            for x in (r.extra for r in mine)
+        ]
+        bottom = np.zeros(len(mine))
+        for i, p in enumerate(("prepare", "wait", "sample", "other")):
+            vals = np.array([max(0.0, r.extra["phase_median_us"][p]) / 1e3 for r in mine])
+            ax.bar(labels, vals, bottom=bottom, color=f"C{i}", label=p)
+            bottom += vals
+        for i, r in enumerate(mine):
+            note = f"{r.median_us / 1e3:.1f} ms\nSO {r.extra['so_share']:.1%}"
+            ax.text(i, bottom[i], note, ha="center", va="bottom", fontsize=7)
+        ax.set_title(f"batch {b}", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_ylim(0, bottom.max() * 1.3)
+    axes[0][0].set_ylabel("median per step (ms); phases are medians")
+    axes[0][0].legend(fontsize=7)
+    model = records[0].extra["model"]
+    what = (
+        f"forward {records[0].extra['forward_ms']:g} ms" if model == "random" else Path(model).name
     )
-    ax.legend(fontsize=8)
-    ax.set_ylim(0, bottom.max() * 1.25)
+    fig.suptitle(
+        f"bench e2e — {records[0].device}, {what} (label: step p50, structured-output share)",
+        fontsize=10,
+    )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

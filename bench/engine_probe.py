@@ -5,8 +5,10 @@ engine server (`engine_core.server.run_engine`); the only difference is a subcla
 `EngineCore` that notes, per step: its wall time, the time of ``_prepare`` (feeding
 last step's tokens to the guides and filling the masks, while the forward pass runs on
 the model thread), the forward pass itself (on the model thread), the time blocked
-waiting for it, the time of ``Sampler.sample``, and the batch's make-up (rows, masked
-rows, thinking rows). It writes them as JSON columns to PATH when the engine stops
+waiting for it, the part of ``_prepare`` that outlasted the forward pass, the time of
+``Sampler.sample`` and, within it, of the mask work (allowed ids from the masks,
+masks applied), and the batch's make-up (rows, rows sampled, masked rows, thinking
+rows). It writes them as JSON columns to PATH when the engine stops
 (SIGTERM). A few ``perf_counter`` calls per step are all it adds. ``--torch-threads``
 sets the engine's torch intra-op threads.
 """
@@ -18,11 +20,27 @@ import json
 import time
 from pathlib import Path
 
+from engine_core import sampler as sampler_module
 from engine_core import server
 from engine_core.config import add_engine_arguments, config_from_args
 from engine_core.engine import EngineCore
 
-COLUMNS = ("t", "step", "prepare", "forward", "wait", "sample", "rows", "masked", "thinking")
+COLUMNS = (
+    "t",
+    "step",
+    "prepare",
+    "forward",
+    "wait",
+    "exposed",
+    "sample",
+    "apply",
+    "rows",
+    "ready",
+    "masked",
+    "thinking",
+)
+#: the sampler's mask work (module functions of `engine_core.sampler`)
+MASK_WORK = ("allowed_counts", "allowed_ids", "apply_bitmask_inplace")
 
 
 class ProbedCore(EngineCore):
@@ -47,6 +65,17 @@ class ProbedCore(EngineCore):
 
         self.runner.forward = timed_forward
         self.sampler.sample = timed_sample
+        for name in MASK_WORK:
+            setattr(sampler_module, name, self._timed_mask_work(getattr(sampler_module, name)))
+
+    def _timed_mask_work(self, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self._cur["apply"] = self._cur.get("apply", 0.0) + time.perf_counter() - t0
+            return out
+
+        return timed
 
     def _prepare(self, batch):
         t0 = time.perf_counter()
@@ -57,6 +86,7 @@ class ProbedCore(EngineCore):
         cons = res[0]
         self._cur["masked"] = len(cons.mask.rows) if cons.mask is not None else 0
         self._cur["thinking"] = sum(1 for r in batch if r.guide is not None and r.guide.thinking)
+        self._cur["ready"] = len(batch)
         return res
 
     def step(self):
@@ -72,7 +102,10 @@ class ProbedCore(EngineCore):
             p["prepare"].append(c["prepare"])
             p["forward"].append(c["forward"])
             p["wait"].append(max(0.0, c["forward_end"] - c["prepare_end"]))
+            p["exposed"].append(max(0.0, c["prepare_end"] - c["forward_end"]))
             p["sample"].append(c["sample"])
+            p["apply"].append(c.get("apply", 0.0))
+            p["ready"].append(c["ready"])
             p["rows"].append(c["rows"])
             p["masked"].append(c["masked"])
             p["thinking"].append(c["thinking"])

@@ -44,20 +44,40 @@ def pairs(records: list[dict]) -> str:
 
 def e2e(records: list[dict]) -> str:
     lines = [
-        "| constrained | thinking | rows | masked | thinking rows | step p50 (ms) | p90 "
-        "| prepare | forward | wait | sample | other | SO overhead |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| batch | constrained | thinking | rows | masked | thinking rows | step p50 (ms) | p90 "
+        "| prepare | forward | wait | sample | other | tokens/s | SO share | fill hidden "
+        "| SO overhead |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in records:
         x = r["extra"]
         ph = x["phase_median_us"]
         ov = x["so_overhead"]
+        hidden = x.get("fill_hidden")
         lines.append(
-            f"| {x['constrained_fraction']:.0%} | {x['thinking_fraction']:.0%} "
+            f"| {r['batch_size']} | {x['constrained_fraction']:.0%} | {x['thinking_fraction']:.0%} "
             f"| {x['mean_rows']:.0f} | {x['mean_masked_rows']:.0f} | {x['mean_thinking_rows']:.0f} "
             f"| {_ms(r['median_us'])} | {_ms(r['p90_us'])} "
             + "".join(f"| {_ms(ph[p])} " for p in ("prepare", "forward", "wait", "sample", "other"))
+            + (f"| {x['tokens_per_s']:.0f} " if "tokens_per_s" in x else "| - ")
+            + (f"| {x['so_share']:.1%} " if "so_share" in x else "| - ")
+            + (f"| {hidden:.0%} " if hidden is not None else "| - ")
             + (f"| **{ov:+.1%}** |" if ov is not None else "| - |")
+        )
+    return "\n".join(lines)
+
+
+def throughput(records: list[dict]) -> str:
+    lines = [
+        "| mode | method | batch | tokens/s | run p50 (s) | engine / method |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in records:
+        x = r["extra"]
+        ratio = f"**{r['ratio']:.2f}x**" if r["ratio"] is not None else "-"
+        lines.append(
+            f"| {x['mode']} | {r['method']} | {r['batch_size']} | {x['tokens_per_s']:.1f} "
+            f"| {r['median_us'] / 1e6:.2f} | {ratio} |"
         )
     return "\n".join(lines)
 
@@ -103,7 +123,13 @@ def startup(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-TABLES = {"e2e": e2e, "latency": latency, "fill-vs-vllm": fill_vs_vllm, "startup": startup}
+TABLES = {
+    "e2e": e2e,
+    "latency": latency,
+    "throughput": throughput,
+    "fill-vs-vllm": fill_vs_vllm,
+    "startup": startup,
+}
 
 
 def _loads(records: list[dict]) -> list[float]:

@@ -120,6 +120,23 @@ class EngineConfig:
     client_backlog: int = option(
         10_000, "messages queued for a client that does not read before the engine drops it"
     )
+    dtype: str = option(
+        "auto",
+        "weights and activations of a model directory (auto: bfloat16 on CUDA, else float32)",
+        choices=("auto", "float32", "bfloat16", "float16", "float64"),
+        metavar="DTYPE",
+    )
+    max_num_batched_tokens: int = option(
+        2048,
+        "tokens one forward pass feeds at most, decoding rows first; a longer prompt is "
+        "prefilled in chunks over several steps",
+    )
+    jump_forward: bool = option(
+        False,
+        "append the text a request's grammar forces as tokens without sampling them (the "
+        "tokenizer's own split, up to a safe boundary); off by default: a model under a "
+        "mask may split that text otherwise, so a greedy output can change",
+    )
     structured_output: StructuredOutputConfig = dataclasses.field(
         default_factory=StructuredOutputConfig
     )

@@ -37,12 +37,14 @@ import numpy as np
 from ipc import ENGINE_FULL, EngineCoreOutput, EngineCoreRequest, FinishReason
 from structured_output import GrammarError
 from structured_output.bitmask import FilledMask
+from structured_output.jump_forward import ForcedTokens
 from structured_output.manager import StructuredOutputManager
 
 from .admission import check_request, error_message, spec_of
 from .config import EngineConfig
 from .isolation import sample_isolating
 from .logprobs import StepLogprobs
+from .multi_token import jump
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
@@ -98,6 +100,8 @@ class EngineCore:
                     device=self.device,
                     seed=config.seed,
                     max_num_seqs=config.max_num_seqs,
+                    dtype=config.dtype,
+                    max_num_batched_tokens=config.max_num_batched_tokens,
                     own=config.runner_options,
                 ),
             )
@@ -117,6 +121,14 @@ class EngineCore:
         self.vocab_rows = tokenizer.vocab_rows
         self.sampler = Sampler(self.vocab_rows)
         self.model_stop_ids = tuple(tokenizer.stop_token_ids)
+        #: the forced text's tokens, with jump forward on
+        self.forced = (
+            ForcedTokens(lambda s: tokenizer.encode(s, special=False), tokenizer.all_token_bytes)
+            if config.jump_forward
+            else None
+        )
+        #: tokens appended by jump forward, not sampled
+        self.num_jumped_tokens = 0
         self.requests: dict[tuple[bytes, str], EngineRequest] = {}
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
@@ -363,8 +375,11 @@ class EngineCore:
                     self._fail(r, e, "running its step")
         return self._take()
 
-    def _step(self, batch: list[EngineRequest]) -> None:
-        forward = self._model_thread.submit(self.runner.forward, batch)
+    def _step(self, running: list[EngineRequest]) -> None:
+        plan = self.runner.plan(running)
+        forward = self._model_thread.submit(self.runner.forward, plan)
+        # rows left out of plan.ready are still prefilling their prompt: no logits yet
+        batch = running if plan.ready is None else [running[i] for i in plan.ready]
         try:
             cons, live = self._prepare(batch)
             sb = self._sampling_batch(batch)  # while the forward pass runs, like _prepare
@@ -374,9 +389,12 @@ class EngineCore:
         try:
             logits = forward.result()
         except Exception as e:  # noqa: BLE001 - the model failed, not a request
-            log.error("the forward pass failed; ending the %d requests of its step", len(batch))
-            for r in batch:
+            log.error("the forward pass failed; ending the %d requests of its step", len(running))
+            for r in running:
                 self._fail(r, e, "running the model's forward pass")
+            return
+        if not batch:
+            self.num_steps += 1
             return
         # before the sampler edits the logits in place
         lp = StepLogprobs.gather(logits, batch) if self.num_logprob_requests else None
@@ -436,6 +454,12 @@ class EngineCore:
                 elif n >= r.max_tokens:
                     self._finish(r, FinishReason.LENGTH)
                 else:
+                    if self.forced is not None:
+                        self.num_jumped_tokens += jump(r, self.forced)
+                        n = len(r.output_ids)
+                        if n >= r.max_tokens:
+                            self._finish(r, FinishReason.LENGTH)
+                            continue
                     out.append(
                         (
                             r.client,

@@ -36,6 +36,8 @@ from reasoning import AnswerStart, Phase, ReasoningTracker
 if TYPE_CHECKING:
     import xgrammar as xgr
 
+    from .jump_forward import ForcedTokens
+
 
 class GuideError(Exception):
     """The request cannot go on (a token its grammar rejects); the message says why."""
@@ -46,7 +48,8 @@ class RequestGuide:
 
     The engine calls `accept` once per generated token, in order; between steps it
     reads `needs_mask`, `follows_grammar`, `extra_allowed`, `forced_token` and
-    `banned` to build the step's constraints.
+    `banned` to build the step's constraints. With jump forward on, it also asks
+    `jump_forward` for the text the grammar forces after a sampled token.
     """
 
     __slots__ = (
@@ -127,6 +130,28 @@ class RequestGuide:
     @property
     def num_reasoning_tokens(self) -> int:
         return self.tracker.num_reasoning_tokens if self.tracker is not None else 0
+
+    @property
+    def can_jump(self) -> bool:
+        """Whether `jump_forward` may find anything: the answer has begun under a
+        grammar, past the family's layout."""
+        return self.matcher is not None and self.phase == Phase.ANSWER and not self._layout
+
+    def jump_forward(self, forced: ForcedTokens, limit: int) -> list[int]:
+        """The tokens (at most ``limit``) the grammar forces next, split as the model's
+        tokenizer splits them (`jump_forward.py`), fed to the matcher as if sampled; the
+        caller appends them to the output. Empty when nothing is forced. Call only
+        where `can_jump` holds, after the last token was fed."""
+        m = self.matcher
+        assert m is not None
+        text = m.find_jump_forward_string() if limit > 0 else ""
+        if not text:
+            return []
+        ids = forced(text)[:limit]
+        for i, t in enumerate(ids):
+            if not m.accept_token(t):
+                return ids[:i]
+        return ids
 
     @property
     def terminated(self) -> bool:

@@ -1,4 +1,4 @@
-"""The thinkgate command: serve, engine, demo and bench.
+"""The thinkgate command: serve, engine, demo, bench and make-model.
 
 Arguments are parsed before anything heavy is imported (torch, the grammar compiler,
 the model), so ``--help`` and a mistyped flag answer at once. A mistake in the flags
@@ -108,6 +108,17 @@ def _demo_flags(p: argparse.ArgumentParser) -> None:
         help="a script file of your own (see engine_core/runners/scripted.py)",
     )
     p.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="a local model directory instead of the scripted model (thinkgate make-model "
+        "writes one)",
+    )
+    p.add_argument("--max-tokens", type=int, default=96, help="per answer, with --model")
+    p.add_argument(
+        "--device", default="auto", help="with --model: cpu, cuda, cuda:N or auto", metavar="DEVICE"
+    )
+    p.add_argument(
         "--tool-parser-plugin",
         default=None,
         metavar="PATH",
@@ -181,6 +192,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.script is not None and not os.path.isfile(args.script):
         raise UsageError(f"--script {args.script!r}: no such file")
+    if args.model is not None and not os.path.isdir(args.model):
+        raise UsageError(
+            f"--model {args.model!r}: no such directory (thinkgate make-model writes one)"
+        )
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens {args.max_tokens}: use 1 or more")
     return run(args)
 
 
@@ -188,6 +205,12 @@ def _bench(argv: list[str]) -> int:
     from bench.cli import main as bench
 
     return bench(argv)
+
+
+def _make_model(argv: list[str]) -> int:
+    from .make_model import main as make_model
+
+    return make_model(argv)
 
 
 #: name -> (help, add its flags, run it)
@@ -229,6 +252,7 @@ def parser() -> argparse.ArgumentParser:
         help="measure bitmask fill, apply+sample, the engine end to end, the HTTP server",
         add_help=False,
     )
+    sub.add_parser("make-model", help="write a small random-weight model directory", add_help=False)
     return ap
 
 
@@ -237,6 +261,8 @@ def _run(argv: list[str]) -> int:
 
     if argv and argv[0] == "bench":  # it has commands and flags of its own
         return _bench(argv[1:])
+    if argv and argv[0] == "make-model":  # its own flags too
+        return _make_model(argv[1:])
     ap = parser()
     args = ap.parse_args(argv)
     if args.command is None:

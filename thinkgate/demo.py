@@ -6,6 +6,10 @@ to write for each prompt, and the engine's grammar decides what it may write. Th
 front end uses the ``qwen3`` reasoning parser and the ``hermes`` tool-call format.
 For each request the demo prints the request in one line, then the reasoning, the
 content, the tool calls, the finish reason and the usage of the response.
+
+With ``--model DIR`` the same requests go to a local model directory (one that
+``thinkgate make-model`` writes, say) with its own tokenizer and chat template, each
+answer capped at ``--max-tokens``.
 """
 
 from __future__ import annotations
@@ -272,24 +276,39 @@ async def _demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="thinkgate-demo-") as tmp:
         script = args.script
-        if script is None:
-            script = str(Path(tmp) / "script.json")
-            Path(script).write_text(json.dumps(SCRIPT), encoding="utf-8")
-        print(
-            "thinkgate demo: spawning the engine with the SCRIPTED model (no weights, nothing "
-            "downloaded) on the bundled Qwen3 vocabulary;\nreasoning parser qwen3, tool-call "
-            f"parser hermes; script: {'embedded' if args.script is None else args.script}. The "
-            "script says what the model wants to write;\nthe grammar says what it may."
-        )
-        config = EngineConfig(
-            model="scripted",
-            tokenizer="qwen3",
-            runner_options={"script": script},
-            reasoning_parser="qwen3",
-            device="cpu",
-            structured_output=StructuredOutputConfig(compile_workers=1),
-            log_level="WARNING",
-        )
+        if args.model is not None:
+            print(
+                f"thinkgate demo: spawning the engine with the model in {args.model} (its own "
+                "tokenizer and chat template);\nreasoning parser qwen3, tool-call parser "
+                f"hermes; at most {args.max_tokens} tokens per answer. What the model writes is "
+                "its own;\nthe grammar says what it may."
+            )
+            config = EngineConfig(
+                model=args.model,
+                reasoning_parser="qwen3",
+                device=args.device,
+                structured_output=StructuredOutputConfig(compile_workers=1),
+                log_level="WARNING",
+            )
+        else:
+            if script is None:
+                script = str(Path(tmp) / "script.json")
+                Path(script).write_text(json.dumps(SCRIPT), encoding="utf-8")
+            print(
+                "thinkgate demo: spawning the engine with the SCRIPTED model (no weights, nothing "
+                "downloaded) on the bundled Qwen3 vocabulary;\nreasoning parser qwen3, tool-call "
+                f"parser hermes; script: {'embedded' if args.script is None else args.script}. The "
+                "script says what the model wants to write;\nthe grammar says what it may."
+            )
+            config = EngineConfig(
+                model="scripted",
+                tokenizer="qwen3",
+                runner_options={"script": script},
+                reasoning_parser="qwen3",
+                device="cpu",
+                structured_output=StructuredOutputConfig(compile_workers=1),
+                log_level="WARNING",
+            )
         ticker = asyncio.ensure_future(_still_starting(started))
         try:
             client = await EngineClient.spawn(config)
@@ -313,6 +332,8 @@ async def _demo(args: argparse.Namespace) -> int:
             )
             ok = True
             for n, (title, body) in enumerate(CASES, 1):
+                if args.model is not None:
+                    body = dict(body, max_tokens=args.max_tokens)
                 ok = await _run_case(frontend, title, body, n) and ok
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -324,7 +345,8 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The demo with the flags of ``thinkgate demo`` (``script``, ``tool_parser_plugin``)."""
+    """The demo with the flags of ``thinkgate demo`` (``script``, ``model``, ``max_tokens``,
+    ``device``, ``tool_parser_plugin``)."""
     return asyncio.run(_demo(args))
 
 

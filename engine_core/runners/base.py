@@ -33,6 +33,12 @@ class RunnerOptions:
     device: str = "cpu"
     seed: int = 0
     max_num_seqs: int = 256
+    #: ``auto`` (bfloat16 on CUDA, float32 elsewhere), ``float32``, ``bfloat16``,
+    #: ``float16`` or ``float64``: the weights and activations of a real model
+    dtype: str = "auto"
+    #: tokens one forward pass feeds at most, decoding rows first: a prompt longer than
+    #: what is left is prefilled in chunks over several steps (runners that chunk)
+    max_num_batched_tokens: int = 2048
     #: the runner's own options (``--runner-options``, JSON-like), read into an
     #: instance of its `ModelRunner.Options` as ``runner.own``
     own: Mapping[str, Any] = field(default_factory=dict)
@@ -43,9 +49,61 @@ class NoOptions:
     """The options of a runner that takes none."""
 
 
+@dataclass(slots=True)
+class ForwardBatch:
+    """What one forward pass computes. `ModelRunner.plan` builds it on the engine
+    thread at the start of a step; `ModelRunner.forward` runs it on the model thread.
+
+    A row's *known* tokens are its prompt and outputs. Each pass feeds a row the known
+    tokens its runner has not seen yet (one after a step that sampled one; several after
+    tokens were appended without sampling; a chunk of the prompt while it is
+    prefilled), then its drafts, if any.
+
+    Logits come for the *ready* rows only, in order: a ready row without drafts gets one
+    row of logits, for the token after its known tokens; with ``k`` drafts it gets
+    ``1 + k`` consecutive rows: after its known tokens, then after each draft token."""
+
+    rows: Sequence[RunnerRow]
+    #: indices into ``rows`` of the rows that get logits, ascending; None: every row. A
+    #: row left out is still prefilling its prompt: its chunk runs, it gets no logits
+    ready: list[int] | None = None
+    #: per row of ``rows``, tokens proposed after its known tokens; None: no drafts. A
+    #: row that is not ready has none. The runner keeps them in its cache until
+    #: `ModelRunner.rollback` drops the rejected ones
+    drafts: Sequence[Sequence[int]] | None = None
+    #: per row of ``rows``, how many of its unseen known tokens this pass feeds (set by
+    #: runners that prefill in chunks); None: all of them
+    feed: list[int] | None = None
+
+    @property
+    def ready_rows(self) -> Sequence[RunnerRow]:
+        """The rows that get logits, in the order of their logits."""
+        if self.ready is None:
+            return self.rows
+        return [self.rows[i] for i in self.ready]
+
+    def logit_offsets(self) -> np.ndarray:
+        """``[len(ready_rows) + 1]`` int64: ready row ``i``'s logits are rows
+        ``offsets[i]:offsets[i + 1]`` of `ModelRunner.forward`'s result."""
+        idx = range(len(self.rows)) if self.ready is None else self.ready
+        counts = np.ones(len(idx) + 1, dtype=np.int64)
+        counts[0] = 0
+        if self.drafts is not None:
+            counts[1:] += [len(self.drafts[i]) for i in idx]
+        return np.cumsum(counts)
+
+
 class ModelRunner(ABC):
     """Logits for the next token of each row. ``forward`` runs on the engine's model
-    thread, concurrently with the grammar work of the same step."""
+    thread, concurrently with the grammar work of the same step.
+
+    A step calls `plan` (engine thread), then `forward` with its result (model thread).
+    Rows join with `add` and leave with `remove` between steps; `rollback` (between
+    steps too) drops positions a runner with `multi_token` holds for a row."""
+
+    #: `forward` takes drafts and feeds several new tokens per row, and `rollback`
+    #: drops a row's last positions
+    multi_token: ClassVar[bool] = False
 
     #: the dataclass of this runner's own options (fields made with
     #: `engine_core.options.option`); an unknown or mistyped one stops the start-up
@@ -68,10 +126,26 @@ class ModelRunner(ABC):
     def remove(self, row: RunnerRow) -> None:  # noqa: B027 (optional hook)
         """A request leaves the batch (finished or aborted)."""
 
+    def plan(
+        self, rows: Sequence[RunnerRow], drafts: Sequence[Sequence[int]] | None = None
+    ) -> ForwardBatch:
+        """What this step's forward pass computes (engine thread, cheap). Here: every
+        row is ready; a runner that prefills in chunks leaves out the rows whose prompt
+        this pass does not finish."""
+        if drafts is not None and not self.multi_token:
+            raise ValueError(f"the {self.name} model takes no drafts")
+        return ForwardBatch(rows, drafts=drafts)
+
     @abstractmethod
-    def forward(self, rows: Sequence[RunnerRow]) -> torch.Tensor:
-        """``[len(rows), vocab_rows]`` float logits for each row's next token, given
-        its prompt and outputs so far. The tensor may be reused by the next call."""
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """``[n, vocab_rows]`` float logits for ``batch`` (layout: `ForwardBatch`; ``n``
+        is ``len(batch.rows)`` when every row is ready and there are no drafts). The
+        tensor may be reused by the next call."""
+
+    def rollback(self, row: RunnerRow, k: int) -> None:
+        """Forget the last ``k`` positions held for ``row`` (rejected drafts, say): its
+        next pass feeds its known tokens from there on. Runners with `multi_token`."""
+        raise TypeError(f"the {self.name} model cannot roll back positions")
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release what the runner holds."""

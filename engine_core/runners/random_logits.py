@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..model_options import RandomOptions
-from .base import ModelRunner, RunnerOptions, RunnerRow, closing_bias
+from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow, closing_bias
 
 #: distinct random logit rows the model draws from
 POOL_ROWS = 64
@@ -76,7 +76,8 @@ class RandomLogitsRunner(ModelRunner):
         self._ending_starts = sorted({self._next_of[e] for e in self._endings})
         self._token_bytes = tokenizer.token_bytes
 
-    def forward(self, rows: Sequence[RunnerRow]) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        rows = batch.rows
         n = len(rows)
         idx = self._index[:n].numpy()
         for i, r in enumerate(rows):

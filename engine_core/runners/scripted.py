@@ -7,6 +7,12 @@ occurs in its decoded prompt (else ``default``); special-token strings in an out
 token gets a large logit over a random background, so the model writes its script
 whenever the grammar allows it, and something else allowed (random, with the
 closing bias) where the grammar repairs it. After the script: end of sequence.
+
+The model follows its script by text, not by position, as long as its output is a
+prefix of the script's text: at a token boundary of the script it wants the script's
+next token; inside one (the output was split otherwise, by jump forward, say) the first
+token of the rest of the script, encoded afresh. An output that left the script's text
+(the grammar repaired it) goes on with the script's token at its position.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 import torch
 
 from ..model_options import ScriptedOptions
-from .base import ModelRunner, RunnerOptions, RunnerRow, closing_bias
+from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow, closing_bias
 from .random_logits import POOL_ROWS, _mix
 
 SCRIPT_BONUS = 40.0
@@ -52,7 +58,7 @@ class ScriptedRunner(ModelRunner):
         self._out = torch.empty(
             (options.max_num_seqs, self.vocab_rows), dtype=torch.float32, device=self.device
         )
-        self._scripts: dict[str, list[int]] = {}
+        self._scripts: dict[str, _Script] = {}
 
     def script_for(self, prompt_token_ids: Sequence[int]) -> list[int]:
         text = self.tokenizer.decode(prompt_token_ids)
@@ -61,27 +67,75 @@ class ScriptedRunner(ModelRunner):
                 return output
         return self._default
 
+    def _script(self, row: RunnerRow) -> _Script:
+        sc = self._scripts.get(row.request_id)
+        if sc is None:
+            sc = self._scripts[row.request_id] = _Script(
+                self.script_for(row.prompt_token_ids), self.tokenizer
+            )
+        return sc
+
     def add(self, row: RunnerRow) -> None:
-        self._scripts[row.request_id] = self.script_for(row.prompt_token_ids)
+        self._script(row)
 
     def remove(self, row: RunnerRow) -> None:
         self._scripts.pop(row.request_id, None)
 
-    def forward(self, rows: Sequence[RunnerRow]) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        rows = batch.rows
         n = len(rows)
         idx = torch.tensor([_mix(r.model_seed, len(r.output_ids)) % POOL_ROWS for r in rows])
         out = self._out[:n]
         torch.index_select(self._pool, 0, idx.to(self.device), out=out)
-        want = []
-        for r in rows:
-            script = self._scripts.get(r.request_id)
-            if script is None:
-                script = self._scripts[r.request_id] = self.script_for(r.prompt_token_ids)
-            pos = len(r.output_ids)
-            want.append(script[pos] if pos < len(script) else self._eos)
+        want = [self._script(r).want(r.output_ids, self._eos) for r in rows]
         out[torch.arange(n, device=self.device), torch.tensor(want, device=self.device)] += (
             SCRIPT_BONUS
         )
         if self.own.forward_ms > 0:
             time.sleep(self.own.forward_ms / 1000)
         return out
+
+
+class _Script:
+    """One request's script and how far its output follows the script's text."""
+
+    __slots__ = ("ids", "data", "tokenizer", "_starts", "_ends", "_aligned")
+
+    def __init__(self, ids: list[int], tokenizer) -> None:
+        self.ids = ids
+        self.tokenizer = tokenizer
+        self.data = tokenizer.decode_bytes(ids)
+        #: byte offset where each script token starts -> its index
+        self._starts: dict[int, int] = {}
+        at = 0
+        for i, t in enumerate(ids):
+            self._starts.setdefault(at, i)
+            at += len(tokenizer.token_bytes(t))
+        #: per output token: the byte offset after it while the output follows the
+        #: script's text (the list stops growing where it leaves it)
+        self._ends: list[int] = []
+        self._aligned = True
+
+    def want(self, output_ids: Sequence[int], eos: int) -> int:
+        ends, n = self._ends, len(output_ids)
+        if len(ends) > n or (len(ends) == n and not self._aligned):  # rolled back
+            del ends[n:]
+            self._aligned = True
+        while self._aligned and len(ends) < n:
+            at = ends[-1] if ends else 0
+            b = self.tokenizer.token_bytes(output_ids[len(ends)])
+            if self.data[at : at + len(b)] != b:
+                self._aligned = False
+                break
+            ends.append(at + len(b))
+        if not self._aligned:
+            return self.ids[n] if n < len(self.ids) else eos
+        at = ends[-1] if ends else 0
+        if at >= len(self.data):
+            return eos
+        i = self._starts.get(at)
+        if i is not None:
+            return self.ids[i]
+        rest = self.data[at:].decode("utf-8", errors="ignore")
+        fresh = self.tokenizer.encode(rest) if rest else []
+        return fresh[0] if fresh else (self.ids[n] if n < len(self.ids) else eos)

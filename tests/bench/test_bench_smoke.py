@@ -43,7 +43,7 @@ def test_e2e(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     args = [
         "e2e",
-        "--batch-size",
+        "--batch-sizes",
         "8",
         "--iters",
         "4",
@@ -75,6 +75,8 @@ def test_cuda_skips_cleanly_without_cuda(capsys):
     for bench in ("fill", "apply", "e2e", "latency"):
         assert main([bench, "--device", "cuda"]) == 0
         assert "skipped" in capsys.readouterr().out
+    assert main(["throughput", "--device", "cuda", "--model", "unused"]) == 0
+    assert "skipped" in capsys.readouterr().out
 
 
 def test_latency(tmp_path, capsys):
@@ -136,3 +138,19 @@ def test_startup(tmp_path, capsys):
     assert all(r["median_us"] > 0 for r in records)
     assert "handshake" in capsys.readouterr().out
     assert summary.main([str(out)]) == 0
+
+
+def test_jump(tmp_path):
+    out = tmp_path / "jump.json"
+    assert main(["jump", "--model", "scripted", "--calls", "2", "--json", str(out)]) == 0
+    records = _records(out)
+    got = {(r["grammars"][0], r["method"]): r["extra"] for r in records}
+    cases = {
+        f"{fam}_{choice}" for fam in ("hermes", "qwen3_coder") for choice in ("named", "required")
+    }
+    assert set(got) == {(c, m) for c in cases for m in ("sampled", "jump_forward")}
+    for case in cases:
+        off, on = got[(case, "sampled")], got[(case, "jump_forward")]
+        assert on["tokens"] == off["tokens"]  # the scripted calls are the same text
+        assert off["ended"] == on["ended"] == 1.0
+        assert on["median_passes"] < off["median_passes"], case

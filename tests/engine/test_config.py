@@ -92,7 +92,9 @@ def test_repeatable_and_json_flags():
         _parser().parse_args(["--runner-options", "[1]"])
 
 
-def _value(declared, default):
+def _value(declared, default, choices=None):
+    if choices:
+        return st.sampled_from(choices)
     hint = _base(declared)
     if _optional(declared) and default is not None:  # spelled "none" on the command line
         return st.none() | _value(hint, default)
@@ -119,7 +121,7 @@ def configs(draw) -> EngineConfig:
     values: dict[str, object] = {}
     for dest, f, hint in _fields(EngineConfig):
         if draw(st.booleans()):
-            values[dest] = draw(_value(hint, f.default))
+            values[dest] = draw(_value(hint, f.default, f.metadata.get("choices")))
     so = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("structured_output.")}
     top = {k: v for k, v in values.items() if "." not in k}
     return EngineConfig(**top, structured_output=StructuredOutputConfig(**so))

@@ -84,3 +84,60 @@ def build_tiny_model(root: Path, *, seed: int = 0) -> Path:
         )
     )
     return root
+
+
+# ----- models over a real vocabulary, as `thinkgate make-model` writes them -------------
+
+#: the architectures the batched runner is checked on
+ARCHS = ("qwen3", "llama")
+
+
+def build_model(root: Path, arch: str = "qwen3", *, hidden: int = 32, seed: int = 0) -> Path:
+    """A 2-layer model of ``arch`` over the qwen3 vocabulary (151,936 rows), random
+    weights from ``seed``; no tokenizer files (load it with the bundled ``qwen3``)."""
+    from thinkgate.make_model import make_model
+
+    return make_model(
+        root, arch=arch, layers=2, hidden=hidden, heads=4, seed=seed, tokenizer_files=False
+    )
+
+
+def reference_generate(
+    model,
+    prompt: list[int],
+    max_new_tokens: int,
+    *,
+    stop_ids: list[int] | None = None,
+    logits_processor=None,
+) -> list[int]:
+    """Greedy tokens of transformers' own ``generate``, one sequence alone: exactly
+    ``max_new_tokens`` without ``stop_ids``, else up to and with the first stop."""
+    import torch
+
+    kwargs = {}
+    if logits_processor is not None:
+        from transformers import LogitsProcessorList
+
+        kwargs["logits_processor"] = LogitsProcessorList([logits_processor])
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0 if stop_ids else max_new_tokens,
+            do_sample=False,
+            eos_token_id=stop_ids,
+            pad_token_id=0,
+            **kwargs,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def load_reference(path: Path, dtype: str = "float64"):
+    """The model at ``path`` as transformers loads it by default (its own attention)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, local_files_only=True, dtype=getattr(torch, dtype)
+    )
+    return model.eval()
