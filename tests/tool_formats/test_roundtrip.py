@@ -20,7 +20,7 @@ from tests.support.toolsets import tool_sets
 
 from .conftest import FAMILIES, format_for, json_schema_format, sampler_for
 
-CI_TOOL_SETS = 3
+CI_TOOL_SETS = 10
 FULL_TOOL_SETS = 100
 MIN_FINISHED_PCT = 90.0
 
