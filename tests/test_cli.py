@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.support.http_server import ROOT, child_env, run_cli
+from tests.support.processes import ROOT, child_env, run_cli
 from thinkgate.cli import main
 
 HELPS = [[], ["serve"], ["engine"], ["demo"], ["bench"], ["bench", "http"], ["bench", "fill"]]

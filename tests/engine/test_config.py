@@ -26,7 +26,7 @@ from engine_core.config import (
 from engine_core.model_options import RandomOptions, ScriptedOptions
 from engine_core.options import OptionsError, read_options
 from structured_output.config import StructuredOutputConfig
-from tests.reliability.support import ROOT
+from tests.support.processes import ROOT
 
 
 def _parser() -> argparse.ArgumentParser:

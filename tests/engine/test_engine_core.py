@@ -11,8 +11,9 @@ from engine_core.config import EngineConfig
 from engine_core.engine import EngineCore
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from structured_output.config import StructuredOutputConfig
+from tests.support.prompts import chat_prompt
 
-PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+PROMPT = chat_prompt()
 
 
 @pytest.fixture(scope="module")

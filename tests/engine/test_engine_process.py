@@ -28,24 +28,15 @@ from ipc import (
     SamplingParams,
     StructuredOutputSpec,
 )
-from tests.support.engine import EngineHarness, collect
+from tests.support.engine import ONE_WORKER, EngineHarness, collect
+from tests.support.prompts import chat_prompt
 
-PROMPT = [
-    151644,
-    872,
-    198,
-    6023,
-    151645,
-    198,
-    151644,
-    77091,
-    198,
-]  # <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
+PROMPT = chat_prompt()
 
 
 @pytest.fixture(scope="module")
 def engine():
-    h = EngineHarness(EngineConfig(model="random", max_num_seqs=64))
+    h = EngineHarness(EngineConfig(model="random", max_num_seqs=64, structured_output=ONE_WORKER))
     yield h
     h.close()
 
@@ -243,7 +234,11 @@ def test_frames_from_a_client_that_said_no_hello_are_refused(engine):
 def test_killed_engine_fails_every_request_within_2s():
     async def body():
         client = await EngineClient.spawn(
-            EngineConfig(model="random", runner_options={"forward_ms": 20})
+            EngineConfig(
+                model="random",
+                runner_options={"forward_ms": 20},
+                structured_output=ONE_WORKER,
+            )
         )
         try:
             reqs = [
@@ -281,7 +276,11 @@ def test_killed_engine_fails_every_request_within_2s():
 def test_sigterm_gives_every_request_a_final_output():
     async def body():
         client = await EngineClient.spawn(
-            EngineConfig(model="random", runner_options={"forward_ms": 20})
+            EngineConfig(
+                model="random",
+                runner_options={"forward_ms": 20},
+                structured_output=ONE_WORKER,
+            )
         )
         try:
             reqs = [

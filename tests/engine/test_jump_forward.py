@@ -295,15 +295,31 @@ def _ending_texts(base: str, tok) -> list[str]:
     return sorted(ends)
 
 
+#: tool sets per family with the random model: the default run takes the first (its
+#: four grammars: required and named, parallel calls on and off); ``-m slow`` two
+RANDOM_TOOL_SETS = 1
+FULL_RANDOM_TOOL_SETS = 2
+
+
 @pytest.mark.parametrize("base", VOCABS)
 def test_random_outputs_with_jump_forward_are_valid_and_stream_as_whole(base, tmp_path):
+    _check_random(base, tmp_path, RANDOM_TOOL_SETS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base", VOCABS)
+def test_random_outputs_with_jump_forward_are_valid_and_stream_as_whole_full(base, tmp_path):
+    _check_random(base, tmp_path, FULL_RANDOM_TOOL_SETS)
+
+
+def _check_random(base: str, tmp_path, tool_sets_per_family: int) -> None:
     tok = load_tokenizer(base).with_special_tokens(_markers(base))
     core = _core(tmp_path, base, model="random", jump=True, ending_texts=_ending_texts(base, tok))
     cases: list[tuple[str, str, str | None, bool, list[FunctionTool], GrammarSpec]] = []
     for fam in BASES[base]:
         fmt = create_tool_format(fam, tok)
         seed = zlib.crc32(fam.encode())
-        for k, tools in enumerate(tool_sets(seed, 2)):
+        for k, tools in enumerate(tool_sets(seed, tool_sets_per_family)):
             rng = random.Random(seed + k)
             for named in (None, rng.choice(tools).name):
                 for parallel in (True, False):

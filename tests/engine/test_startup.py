@@ -21,7 +21,7 @@ from engine_core.config import EngineConfig
 from engine_core.engine import EngineCore
 from ipc import FinishReason
 from structured_output.config import StructuredOutputConfig
-from tests.reliability.support import ROOT
+from tests.support.processes import ROOT
 
 PROG = "python -m engine_core"
 

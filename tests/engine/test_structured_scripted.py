@@ -14,7 +14,8 @@ from frontend.tool_formats import FunctionTool, create_tool_format
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from reasoning import create_reasoning_parser
 from structured_output.config import StructuredOutputConfig
-from tests.support.engine import EngineHarness, collect
+from tests.support.engine import ONE_WORKER, EngineHarness, collect
+from tests.support.prompts import chat_prompt
 from tokenization import load_tokenizer
 
 SCHEMA = {
@@ -60,7 +61,10 @@ def engine(tmp_path_factory):
     path.write_text(json.dumps(SCRIPT))
     h = EngineHarness(
         EngineConfig(
-            model="scripted", runner_options={"script": str(path)}, reasoning_parser="qwen3"
+            model="scripted",
+            runner_options={"script": str(path)},
+            reasoning_parser="qwen3",
+            structured_output=ONE_WORKER,
         )
     )
     yield h
@@ -223,7 +227,7 @@ def test_errors_end_their_own_request_while_50_others_finish(tmp_path):
     )
     try:
         good_spec = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))
-        prompt = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+        prompt = chat_prompt()
 
         async def body():
             good = [

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 
 import jsonschema
 import pytest
@@ -31,6 +30,7 @@ from reasoning import Phase, ReasoningParser, reasoning_parser_names
 from structured_output import GrammarSpec
 from structured_output.config import StructuredOutputConfig
 from tests.reasoning.cases import CASES, parser_for, tokenizer_for
+from tests.support.core_run import run_to_end
 from tokenization import Tokenizer
 
 REQUESTS = 16
@@ -101,24 +101,6 @@ def _answer(framed: bool, content: str | None, tok: Tokenizer) -> object:
     return value
 
 
-def _run(core: EngineCore, requests: list[EngineCoreRequest], timeout_s: float = 600.0):
-    for r in requests:
-        assert core.add_request(b"t", r) == []
-    ids: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    finals = {}
-    deadline = time.monotonic() + timeout_s
-    while core.has_work:
-        assert time.monotonic() < deadline, "the engine did not drain"
-        if not core.has_runnable:  # grammars compiling
-            time.sleep(0.01)
-            continue
-        for _, out in core.step():
-            ids[out.request_id] += out.new_token_ids
-            if out.finish_reason is not None:
-                finals[out.request_id] = out
-    return ids, finals
-
-
 @pytest.mark.parametrize(
     ("family", "framed", "lean"),
     [(name, False, True) for name in reasoning_parser_names()]
@@ -157,9 +139,11 @@ def test_undecided_outputs_think_and_stay_valid(family: str, framed: bool, lean:
             )
             for i in range(REQUESTS)
         ]
-        outputs, finals = _run(core, requests)
+        done = run_to_end(core, requests)
     finally:
         core.close()
+    outputs = {r.request_id: d.token_ids for r, d in zip(requests, done, strict=True)}
+    finals = {r.request_id: d.final for r, d in zip(requests, done, strict=True)}
 
     errors = {rid: f.error for rid, f in finals.items() if f.finish_reason == FinishReason.ERROR}
     thought = sum(f.num_reasoning_tokens > 0 for f in finals.values())

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.support.http_server import ROOT, child_env
+from tests.support.processes import ROOT, child_env
 
 from .conftest import README_FLAGS
 

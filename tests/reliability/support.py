@@ -1,24 +1,18 @@
-"""What the reliability tests share: an engine started the way an operator starts it
-(``python -m engine_core`` / ``python -m thinkgate serve``, its log in a file), a raw
-ZeroMQ peer that sends hand-made frames, a client on an event loop of its own,
-background traffic that must finish untouched, and the engine's resident memory."""
+"""What the reliability tests share beside the engine harness (`tests.support.engine`):
+a raw ZeroMQ peer that sends hand-made frames, background traffic that must finish
+untouched, and the engine's resident memory."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import jsonschema
 import zmq
@@ -39,14 +33,11 @@ from ipc import (
     SamplingParams,
     StructuredOutputSpec,
     WireError,
-    private_ipc_address,
 )
+from tests.support.engine import LoopThread
+from tests.support.prompts import chat_prompt
 
-T = TypeVar("T")
-
-ROOT = Path(__file__).resolve().parents[2]
-#: <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
-PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+PROMPT = chat_prompt()
 
 
 def rss_kib(pid: int) -> int:
@@ -83,70 +74,6 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
-
-
-# ----- an engine started as an operator starts it ------------------------------------
-
-
-class ServedEngine:
-    """``python -m engine_core ARGS`` (or ``python -m thinkgate serve ARGS``) on a
-    private ipc:// socket, its stdout and stderr in ``log_path``."""
-
-    def __init__(
-        self,
-        args: Sequence[str],
-        log_path: Path,
-        *,
-        command: str = "engine_core",
-        address: str | None = None,
-        startup_timeout_s: float = 180.0,
-    ) -> None:
-        self._own_dir = None
-        if address is None:
-            address, self._own_dir = private_ipc_address()
-        self.address = address
-        self.log_path = log_path
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        head = ["-m", "engine_core"] if command == "engine_core" else ["-m", "thinkgate", "serve"]
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, *head, *args, "--address", address],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-        )
-        deadline = time.monotonic() + startup_timeout_s
-        while "listening on" not in self.log():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(
-                    f"the engine did not start ({self.proc.returncode}):\n{self.log()}"
-                )
-            time.sleep(0.1)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout_s: float = 20.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        if self._own_dir is not None:
-            import shutil
-
-            shutil.rmtree(self._own_dir, ignore_errors=True)
-        return self.proc.returncode
 
 
 # ----- a raw peer -----------------------------------------------------------------
@@ -212,32 +139,6 @@ def classify(frames: list[bytes]) -> Any:
         return Codec().decode(frames)
     except WireError as e:
         return e
-
-
-# ----- a client on a loop of its own -------------------------------------------------
-
-
-class LoopThread:
-    """An asyncio loop in a thread, so synchronous test code can drive clients."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
-        self._thread.start()
-
-    def run(self, fn: Callable[[], Awaitable[T]], timeout: float = 600.0) -> T:
-        return self.submit(fn).result(timeout)
-
-    def submit(self, fn: Callable[[], Awaitable[T]]):
-        async def call() -> T:
-            return await fn()
-
-        return asyncio.run_coroutine_threadsafe(call(), self.loop)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
 
 
 # ----- well-formed traffic that must come through untouched ---------------------------

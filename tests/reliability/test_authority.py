@@ -34,8 +34,10 @@ from ipc import (
     free_tcp_port,
     load_client_keys,
 )
+from tests.support.engine import ServedEngine
+from tests.support.processes import ROOT
 
-from .support import PROMPT, ROOT, RawPeer, ServedEngine
+from .support import PROMPT, RawPeer
 
 pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="ZeroMQ built without CURVE")
 

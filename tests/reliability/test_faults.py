@@ -28,11 +28,11 @@ from ipc import (
     StructuredOutputSpec,
 )
 from structured_output.config import StructuredOutputConfig
+from tests.support.processes import ROOT
 
 from .conftest import serve
 from .support import (
     PROMPT,
-    ROOT,
     SCHEMA,
     RawPeer,
     alive,

@@ -19,8 +19,10 @@ from engine_core.client import EngineClient, EngineDeadError
 from engine_core.config import EngineConfig
 from engine_core.server import EngineServer
 from ipc import EngineCoreRequest, SamplingParams, free_tcp_port
+from tests.support.engine import LoopThread, ServedEngine
+from tests.support.processes import ROOT
 
-from .support import PROMPT, ROOT, LoopThread, ServedEngine
+from .support import PROMPT
 
 STALL_S = 10.0
 FIGURES: dict[str, str] = {}

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from ipc import AddressError, ErrorNotice, MsgType, check_bind_address, free_tcp_port
+from tests.support.engine import ServedEngine
+from tests.support.processes import ROOT
 from tests.test_layout import OURS
 
-from .support import ROOT, RawPeer, ServedEngine
+from .support import RawPeer
 
 #: every package of the project, as the layout test lists them
 PACKAGES = sorted(OURS)

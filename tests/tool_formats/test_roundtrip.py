@@ -6,7 +6,7 @@ that are JSON and valid for its schema, in every generation that finished; at le
 
 CI runs a few tool sets per family; ``-m slow`` runs 100 and prints the figures::
 
-    python -m pytest tests/tool_formats/test_roundtrip.py -m slow -s
+    python -m pytest tests/tool_formats/test_roundtrip.py -m slow -s -n0
 """
 
 from __future__ import annotations

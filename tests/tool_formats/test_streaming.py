@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import random
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +16,7 @@ from frontend.tool_formats import ToolFormat
 from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from tests.support.constrained_sampler import free_text_ends
 from tests.support.roundtrip import same_output, stream_parse
+from tests.support.work import lines_run
 
 from .conftest import EXAMPLE_TOOLS, FAMILIES, format_for, sampler_for
 from .examples import EXAMPLES
@@ -134,23 +134,23 @@ def test_stream_equals_whole_on_constrained_output(family: str) -> None:
 @MODES
 @pytest.mark.parametrize("family", FAMILIES)
 def test_work_per_push_is_proportional_to_new_text(family: str, forced: bool) -> None:
-    """A long argument string pushed a character at a time: four times the text
-    takes about four times as long (a parser that rescanned its buffer would take
-    sixteen)."""
+    """A long argument string pushed a character at a time: four times the text runs
+    about four times the parser's lines (counted, not timed; a parser that rescanned
+    its buffer would run sixteen times as many)."""
     fmt = format_for(family)
     example = EXAMPLES[family][1]
     head, _, tail = example.partition("Paris")
 
-    def run(n: int) -> float:
+    def run(n: int) -> int:
         text = head + "word " * n + tail
         parser = fmt.new_parser(EXAMPLE_TOOLS, forced=forced)
-        start = time.perf_counter()
-        for ch in text:
-            parser.push(ch)
-        parser.finish()
-        return time.perf_counter() - start
 
-    run(200)  # warm up
-    small = min(run(1000) for _ in range(3))
-    large = min(run(4000) for _ in range(3))
-    assert large < 8 * small, (small, large)
+        def push_all() -> None:
+            for ch in text:
+                parser.push(ch)
+            parser.finish()
+
+        return lines_run(push_all)
+
+    small, large = run(250), run(1000)
+    assert large < 5 * small, (small, large)
