@@ -151,6 +151,9 @@ class EngineClient:
         self._hello: asyncio.Future[Handshake] = self._loop.create_future()
         self._health: dict[int, asyncio.Future[HealthReply]] = {}
         self._refusals: list[str] = []
+        #: HELLO said again and its handshake not yet back: a NOT_GREETED now answers a
+        #: message sent before it, and forgets nothing more
+        self._rehello = False
         self._nonce = itertools.count()
         self._closed = False
         self._tokenizer: Future[Tokenizer] | None = None
@@ -323,6 +326,7 @@ class EngineClient:
                 if q is not None:
                     q.put_nowait(_to_output(o))
         elif isinstance(msg, Handshake):
+            self._rehello = False
             if not self._hello.done():
                 self._hello.set_result(msg)
         elif isinstance(msg, HealthReply):
@@ -330,7 +334,15 @@ class EngineClient:
             if f is not None and not f.done():
                 f.set_result(msg)
         elif isinstance(msg, ErrorNotice):
-            if msg.message == NOT_GREETED and self._hello.done():
+            if msg.message == NOT_GREETED and self._rehello:
+                # an answer to what was sent before this client said HELLO again
+                if msg.request_id is not None and msg.request_id in self._streams:
+                    self._streams.pop(msg.request_id).put_nowait(
+                        RequestOutput(
+                            msg.request_id, [], FinishReason.ERROR, error=f"engine: {NOT_GREETED}"
+                        )
+                    )
+            elif msg.message == NOT_GREETED and self._hello.done():
                 self._forgotten(
                     "the engine dropped this client (silent past the engine's client timeout, "
                     "not reading its outputs, or over its message limit) and the request with it"
@@ -371,6 +383,7 @@ class EngineClient:
         for rid, q in lost.items():
             q.put_nowait(RequestOutput(rid, [], FinishReason.ERROR, error=error))
         log.warning("%s; %d requests lost; saying HELLO again", error, len(lost))
+        self._rehello = True
         self._send(Hello(PROTOCOL_VERSION, self.identity.hex()))
 
     def _fail_all(self, reason: str) -> None:

@@ -111,13 +111,15 @@ class _Job:
         with self._cond:
             while self._done < len(self.bounds):
                 self._cond.wait()
-        if self.error is not None:
-            raise self.error
+        error, self.error = self.error, None  # nothing keeps the failed rows alive after
+        if error is not None:
+            raise error
 
 
 def _serve(jobs: queue.SimpleQueue[_Job | None], batch: Any) -> None:
     while (job := jobs.get()) is not None:
         job.work(batch)
+        del job  # not held (with its matchers) while this thread waits for the next
 
 
 class BitmaskFiller:

@@ -52,7 +52,10 @@ def test_old_and_new_peers_read_each_others_replies():
 
 def test_counters_follow_the_work():
     schema = json.dumps(
-        {"type": "object", "properties": {f"q{i}": {"type": "integer"} for i in range(600)}}
+        {
+            "type": "object",
+            "properties": {f"q{i}": {"type": "string"} for i in range(400)},
+        }  # seconds to compile: still compiling when aborted
     )
 
     async def body():
@@ -103,7 +106,7 @@ def test_counters_follow_the_work():
         1,
     )
     assert busy.num_requests == 2 and busy.num_guides >= 1
-    assert all(e.finish_reason == FinishReason.ABORT for e in ends)
+    assert all(e.finish_reason == FinishReason.ABORT for e in ends), ends
     assert (after.num_requests, after.num_guides, after.num_compiling, after.num_running) == (
         0,
         0,

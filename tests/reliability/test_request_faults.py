@@ -13,6 +13,7 @@ engine process, with another client's requests running beside them.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections import defaultdict
 from typing import Any
@@ -192,6 +193,7 @@ def _check_bystanders(got, n: int = 6) -> None:
 
 
 def _serves_after(core: EngineCore, prompt: list[int]) -> None:
+    gc.collect()  # a caught fault's traceback and its frames form cycles until collected
     st = core.stats()
     assert (st.num_requests, st.num_running, st.num_waiting, st.num_guides) == (0, 0, 0, 0), st
     got = _drive(
