@@ -93,6 +93,20 @@ class ForwardBatch:
         return np.cumsum(counts)
 
 
+def logit_positions(batch: ForwardBatch) -> list[tuple[RunnerRow, Sequence[int]]]:
+    """Per row of `ModelRunner.forward`'s logits, in order: its row, and the draft
+    tokens that precede that position after the row's known tokens."""
+    rows = batch.ready_rows
+    if batch.drafts is None:
+        return [(r, ()) for r in rows]
+    idx = range(len(batch.rows)) if batch.ready is None else batch.ready
+    out: list[tuple[RunnerRow, Sequence[int]]] = []
+    for r, i in zip(rows, idx, strict=True):
+        d = batch.drafts[i]
+        out += [(r, d[:j]) for j in range(len(d) + 1)]
+    return out
+
+
 class ModelRunner(ABC):
     """Logits for the next token of each row. ``forward`` runs on the engine's model
     thread, concurrently with the grammar work of the same step.
