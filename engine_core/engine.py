@@ -130,11 +130,12 @@ class EngineCore:
         )
         #: tokens appended by jump forward, not sampled
         self.num_jumped_tokens = 0
+        if config.draft_tokens < 0 or (config.draft_tokens and not self.runner.multi_token):
+            self.close()
+            why = "must be 0 or more" if config.draft_tokens < 0 else "this model takes none"
+            raise ValueError(f"--draft-tokens {config.draft_tokens}: {why}")
         #: the draft source, with ``--draft-tokens`` above 0
         self.drafter = NgramDrafter(config.draft_tokens) if config.draft_tokens else None
-        if self.drafter is not None and not self.runner.multi_token:
-            self.close()
-            raise ValueError(f"--draft-tokens: the {self.runner.name} model takes no drafts")
         #: draft tokens proposed, and those accepted
         self.num_draft_tokens = 0
         self.num_accepted_drafts = 0

@@ -446,3 +446,20 @@ def test_hf_greedy_outputs_are_the_same_with_drafts(tmp_path):
         finally:
             core.close()
     assert runs[K] == runs[0]
+
+
+# ----- the flag ----------------------------------------------------------------------------
+
+
+def test_the_flag_sets_draft_tokens_and_a_negative_count_is_refused():
+    import argparse
+
+    from engine_core.config import add_engine_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert config_from_args(parser.parse_args([])).draft_tokens == 0
+    config = config_from_args(parser.parse_args(["--draft-tokens", "5"]))
+    assert config.draft_tokens == 5 and "--draft-tokens=5" in config.to_args()
+    with pytest.raises(ValueError, match="--draft-tokens -1: must be 0 or more"):
+        EngineCore(EngineConfig(draft_tokens=-1), load_tokenizer("qwen3"))
