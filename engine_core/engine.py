@@ -9,6 +9,10 @@ One step, for the running batch:
 3. take the logits, apply the masks, sample;
 4. append the tokens, finish what stopped, and report.
 
+With drafts (``--draft-tokens``), step 1 also scores each row's draft tokens, and steps
+3 and 4 go on position by position over the rows whose drafts the sampler confirmed
+(`multi_token.verify_drafts`).
+
 Nothing a request carries ends the engine: an exception while admitting, compiling,
 starting, feeding, filling, sampling, committing or finishing one request ends that
 request with an error, and the others go on (a batched call that raises is retried
@@ -45,7 +49,7 @@ from .config import EngineConfig
 from .drafts import NgramDrafter
 from .isolation import sample_isolating
 from .logprobs import StepLogprobs
-from .multi_token import gather_rows, jump, verify_drafts
+from .multi_token import jump, verify_drafts
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
@@ -411,20 +415,18 @@ class EngineCore:
         if not batch:
             self.num_steps += 1
             return
-        all_logits, offsets = logits, None
-        if drafts is not None:  # each row's logits after its known tokens
-            offsets = plan.logit_offsets()
-            logits, self._draft_rows = gather_rows(logits, offsets[:-1], self._draft_rows)
+        # each row's logits after its known tokens come first, drafts or not
+        first = logits if drafts is None else logits[: len(batch)]
         # before the sampler edits the logits in place
-        lp = StepLogprobs.gather(logits, batch) if self.num_logprob_requests else None
-        tokens = self._sample(logits, sb, cons, batch, live)
+        lp = StepLogprobs.gather(first, batch) if self.num_logprob_requests else None
+        tokens = self._sample(first, sb, cons, batch, live)
         if lp is not None:
             lp.record(tokens)
         self.num_steps += 1
         if drafts is None:
             self._commit(batch, tokens, live)
         else:
-            verify_drafts(self, batch, drafts, tokens, live, all_logits, offsets)
+            verify_drafts(self, batch, drafts, tokens, live, logits, plan.logit_blocks())
 
     def _propose(self, running: list[EngineRequest]) -> list[list[int]] | None:
         """Each row's drafts (none for a row that has no output yet, so may still be

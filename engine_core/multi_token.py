@@ -82,14 +82,17 @@ def verify_drafts(
     tokens: np.ndarray,
     live: list[bool],
     logits: torch.Tensor,
-    offsets: np.ndarray,
+    blocks: list[np.ndarray],
 ) -> None:
     """Commit a step whose rows had ``drafts``: ``tokens`` are the tokens sampled after
-    each row's known tokens; ``logits`` rows ``offsets[i] + j`` are row ``i``'s after
-    its draft token ``j - 1`` (`runners.base.ForwardBatch`). Each row appends its
-    confirmed drafts and the token sampled where its draft was rejected or ran out,
-    stopping where a token ends it (a stop token, ``max_tokens``), then reports once."""
+    each row's known tokens; ``logits`` holds, after those rows, block ``j`` of the
+    rows ``blocks[j]`` after their draft token ``j - 1`` (`runners.base.ForwardBatch`).
+    Each row appends its confirmed drafts and the token sampled where its draft was
+    rejected or ran out, stopping where a token ends it (a stop token, ``max_tokens``),
+    then reports once. Where every row of a block is still going, its logits are
+    sampled in place; else the going rows' are gathered."""
     rows = list(range(len(batch)))  # the batch rows sampled at position j
+    start = len(batch)  # the first logits row of block j + 1
     j = 0
     while True:
         going: list[int] = []
@@ -114,9 +117,14 @@ def verify_drafts(
         if not going:
             return
         j += 1
-        rows = going
+        rows, block = going, blocks[j]  # going rows are among block's, both ascending
         sub = [batch[i] for i in rows]
         cons, sub_live = core._prepare(sub)  # the guides take the confirmed drafts
         sb = core._sampling_batch(sub)
-        x, core._draft_rows = gather_rows(logits, offsets[rows] + j, core._draft_rows)
+        if len(rows) == len(block):
+            x = logits[start : start + len(block)]
+        else:
+            at = start + np.searchsorted(block, rows)
+            x, core._draft_rows = gather_rows(logits, at, core._draft_rows)
+        start += len(block)
         tokens = core._sample(x, sb, cons, sub, sub_live)
