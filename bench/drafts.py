@@ -176,6 +176,8 @@ def run(args: argparse.Namespace) -> list[Record]:
                         "tokens_per_s_rounds": [t / s for s, t, *_ in rows],
                         "passes": statistics.median(r[2] for r in rows),
                         "tokens_per_request": statistics.median(r[1] for r in rows) / args.batch,
+                        "drafted": [r[3] for r in rows],
+                        "kept": [r[4] for r in rows],
                         "acceptance": sum(r[4] for r in rows) / drafted if drafted else None,
                         "forward_ms": args.forward_ms,
                     },
