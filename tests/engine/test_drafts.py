@@ -238,6 +238,55 @@ class UnmaskedDrafter:
         return d
 
 
+class OracleDrafter:
+    """Proposes the scripted model's own script, then its end of sequence, then the
+    script again (tokens past a stop that must never be appended)."""
+
+    def __init__(self, runner, k: int) -> None:
+        self.runner, self.k = runner, k
+
+    def propose(self, r, k: int) -> list[int]:
+        script = self.runner.script_for(r.prompt_token_ids)
+        n = len(r.output_ids)
+        return (script + [self.runner.tokenizer.eos_token_id] + script)[n : n + min(k, self.k)]
+
+
+def test_stops_and_max_tokens_inside_kept_drafts_end_the_output_there(tmp_path):
+    cases = list(_all_cases("qwen3", quick=True))
+    runs = {}
+    for drafts in (0, 6):
+        core = _engine(tmp_path, "qwen3", cases, model="scripted", drafts=drafts)
+        try:
+            if drafts:
+                core.drafter = OracleDrafter(core.runner, drafts)
+            tok = core.tokenizer
+            for tag, *_, spec, _text, _check in cases:
+                for max_tokens in (160, 23, 41):
+                    req = EngineCoreRequest(
+                        f"{tag}#{max_tokens}",
+                        _prompt(tok, tag, True),
+                        SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                        StructuredOutputSpec(spec.kind.value, spec.value),
+                        reasoning_ended=False,
+                    )
+                    assert core.add_request(b"t", req) == []
+            runs[drafts] = _drain(core)
+            if drafts:
+                assert core.num_accepted_drafts > 0
+        finally:
+            core.close()
+    for rid, outputs in runs[6].items():
+        ids = [t for o in outputs for t in o.new_token_ids]
+        assert ids == [t for o in runs[0][rid] for t in o.new_token_ids], rid
+        final = outputs[-1]
+        limit = int(rid.rsplit("#", 1)[1])
+        assert len(ids) <= limit
+        if final.finish_reason == FinishReason.STOP:
+            assert ids[-1] == tok.eos_token_id and ids.count(tok.eos_token_id) == 1, rid
+        else:
+            assert final.finish_reason == FinishReason.LENGTH and len(ids) == limit, rid
+
+
 def _fresh_guide(core: EngineCore, r):
     g = core.structured_output.make_guide(
         _grammar_of(r.grammar),
