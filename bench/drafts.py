@@ -15,8 +15,9 @@ schema (one object of eight string fields per request, drawn from a seeded gener
 For each workload two engines run in this process, drafts off and on; each round runs
 the whole batch on one then the other (alternating which goes first), from after the
 grammar compiled until the last request ended. The table gives medians over the rounds:
-output tokens per second, the ratio on/off, forward passes (steps) per request, and the
-share of proposed draft tokens that were kept. A pass is one step of the whole batch.
+output tokens per second, the ratio on/off (taken within each round, where the load of
+a shared machine is alike for both, then its median), forward passes (steps) per
+request, and the share of proposed draft tokens that were kept. A pass is one step of the whole batch.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> list[Record]:
             for core in cores.values():
                 core.close()
         print(f"  drafts {workload}: {args.rounds} rounds", flush=True)
-        off_tps = statistics.median(t / s for s, t, *_ in got[0])
+        off_rounds = [t / s for s, t, *_ in got[0]]
         for k, rows in got.items():
             tps = statistics.median(t / s for s, t, *_ in rows)
             drafted = sum(r[3] for r in rows)
@@ -164,7 +165,12 @@ def run(args: argparse.Namespace) -> list[Record]:
                     warmup=args.warmup,
                     seed=args.seed,
                     grammars=[workload],
-                    ratio=tps / off_tps if k else None,
+                    # paired: on over off within each round, then the median
+                    ratio=statistics.median(
+                        t / s / off for (s, t, *_), off in zip(rows, off_rounds, strict=True)
+                    )
+                    if k
+                    else None,
                     env=env,
                     extra={
                         "workload": workload,

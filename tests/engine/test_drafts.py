@@ -37,7 +37,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_core.config import EngineConfig
-from engine_core.drafts import MAX_N, NgramIndex
+from engine_core.drafts import MAX_N, MAX_WAIT, NgramIndex
 from engine_core.engine import EngineCore, _grammar_of
 from frontend.tool_formats import create_tool_format
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
@@ -83,10 +83,27 @@ def _reference(seq: list[int], k: int) -> list[int]:
 def test_the_draft_follows_the_latest_earlier_match_of_the_longest_suffix(prompt, chunks, k):
     index = NgramIndex(prompt)
     out: list[int] = []
-    assert index.propose(out, k) == _reference(prompt, k)
+    assert index.lookup(out, k) == _reference(prompt, k)
     for c in chunks:
         out += c
-        assert index.propose(out, k) == _reference(prompt + out, k)
+        assert index.lookup(out, k) == _reference(prompt + out, k)
+
+
+def test_a_request_whose_drafts_fail_waits_longer_and_a_kept_one_ends_the_wait():
+    index = NgramIndex(list(range(10)) * 2)  # every token has an earlier occurrence
+    out: list[int] = []
+    drafted: list[int] = []  # the steps that got a draft
+    for step in range(80):
+        d = index.propose(out, 4)
+        assert d or index.lookup(out, 4)  # no draft: a wait, not a miss
+        if d:
+            drafted.append(step)
+        keep = step >= 70  # the model rejects every draft, then takes each
+        out.append(d[0] if d and keep else ((d[0] + 1) % 10 if d else 3))
+    gaps = [b - a for a, b in zip(drafted, drafted[1:], strict=False)]
+    first = [2, 3, 5, 9, MAX_WAIT + 1, MAX_WAIT + 1]
+    assert gaps[: len(first)] == first
+    assert gaps[-5:] == [1] * 5
 
 
 # ----- scripted and greedy, every family and spec kind -----------------------------------
