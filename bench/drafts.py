@@ -16,8 +16,8 @@ For each workload two engines run in this process, drafts off and on; each round
 the whole batch on one then the other (alternating which goes first), from after the
 grammar compiled until the last request ended. The table gives medians over the rounds:
 output tokens per second, the ratio on/off (taken within each round, where the load of
-a shared machine is alike for both, then its median), forward passes (steps) per
-request, and the share of proposed draft tokens that were kept. A pass is one step of the whole batch.
+a shared machine is alike for both, then its median), forward passes (steps of the
+whole batch), and the share of proposed draft tokens that were kept.
 """
 
 from __future__ import annotations
