@@ -52,7 +52,8 @@ def check_request(req: EngineCoreRequest, config: EngineConfig, vocab_rows: int)
 def spec_of(req: EngineCoreRequest) -> GrammarSpec | None:
     if req.structured_output is None:
         return None
-    return GrammarSpec.of(req.structured_output.kind, req.structured_output.value)
+    so = req.structured_output
+    return GrammarSpec.of(so.kind, so.value, so.ignore_unsupported_keywords)
 
 
 def error_message(e: BaseException, stage: str, request_id: str) -> str:

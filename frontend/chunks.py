@@ -69,6 +69,7 @@ def completion(
     *,
     logprobs: ChoiceLogprobs | None = None,
     stop_reason: str | int | None = None,
+    ignored_keywords: list[str] | None = None,
 ) -> ChatCompletion:
     choice = Choice(
         index=0,
@@ -84,6 +85,7 @@ def completion(
         model=model,
         choices=[choice],
         usage=usage,
+        ignored_keywords=ignored_keywords,
     )
 
 
@@ -106,9 +108,13 @@ class ChunkMaker:
             usage=usage,
         )
 
-    def role(self, usage: Usage | None = None) -> ChatCompletionChunk:
-        """The first chunk: the role alone."""
-        return self._chunk([ChunkChoice(index=0, delta=DeltaMessage(role="assistant"))], usage)
+    def role(
+        self, usage: Usage | None = None, ignored_keywords: list[str] | None = None
+    ) -> ChatCompletionChunk:
+        """The first chunk: the role alone (and the schema keywords left out)."""
+        chunk = self._chunk([ChunkChoice(index=0, delta=DeltaMessage(role="assistant"))], usage)
+        chunk.ignored_keywords = ignored_keywords
+        return chunk
 
     def delta(
         self,

@@ -188,6 +188,10 @@ class ChatCompletionRequest(_In):
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParam | None = None
+    #: JSON schemas (response_format, structured_outputs, tool parameters): leave out
+    #: the keywords the grammar cannot enforce instead of refusing the request; the
+    #: response states which were left out
+    ignore_unsupported_keywords: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     #: False: the thinking is left out of the message and the stream (it still happens)
     include_reasoning: bool = True
@@ -293,13 +297,16 @@ class Choice(_Out):
     stop_reason: str | int | None = None
 
 
-class ChatCompletion(_Out):
+class ChatCompletion(_Out, omit_defaults=True):
     id: str
     object: str
     created: int
     model: str
     choices: list[Choice]
     usage: Usage
+    #: JSON-schema keywords the constraint left out (``ignore_unsupported_keywords``),
+    #: each with where it was; absent when none
+    ignored_keywords: list[str] | None = None
 
 
 class DeltaFunctionCall(_Delta):
@@ -343,6 +350,8 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: on the last chunk when ``stream_options.include_usage`` asks for it; on every
     #: chunk with ``continuous_usage_stats``
     usage: Usage | None = None
+    #: on the first chunk: as `ChatCompletion.ignored_keywords`
+    ignored_keywords: list[str] | None = None
 
 
 class ErrorInfo(_Out):

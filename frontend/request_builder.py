@@ -24,12 +24,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ipc import EngineCoreRequest, SamplingParams, StructuredOutputSpec
 from reasoning import ParserCache, ReasoningError, ReasoningParser
 from structured_output import GrammarError, GrammarSpec, SpecKind
+from structured_output.json_schemas import normalize_spec
 
 from .chat_template import ChatTemplate, ChatTemplateError, template_messages, template_tools
 from .protocol import (
@@ -41,6 +42,7 @@ from .protocol import (
     StructuredOutputsParam,
 )
 from .tool_formats import ToolFormat, ToolFormatError
+from .tool_formats.schemas import normalize_tools
 from .validation import RequestError, ToolPlan
 
 if TYPE_CHECKING:
@@ -65,6 +67,9 @@ class PreparedRequest:
     #: the usage so far on every chunk (``stream_options.continuous_usage_stats``)
     continuous_usage: bool
     prompt_text: str
+    #: JSON-schema keywords left out of the constraint (``ignore_unsupported_keywords``),
+    #: each as "keyword at 'path' (why)", prefixed by its tool: for the response to state
+    ignored_keywords: tuple[str, ...] = ()
 
     @property
     def request_id(self) -> str:
@@ -140,14 +145,16 @@ class RequestBuilder:
                 "thinking_token_budget needs a reasoning parser (--reasoning-parser)",
                 "thinking_token_budget",
             )
-        spec = self.constraint(req, plan)
+        spec, ignored = self.checked_constraint(req, plan)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         engine_request = EngineCoreRequest(
             request_id=req.request_id or f"chatcmpl-{uuid.uuid4().hex}",
             prompt_token_ids=prompt_ids,
             sampling_params=self.sampling_params(req),
             structured_output=(
-                StructuredOutputSpec(spec.kind.value, spec.value) if spec is not None else None
+                StructuredOutputSpec(spec.kind.value, spec.value, spec.ignore_unsupported)
+                if spec is not None
+                else None
             ),
             reasoning_ended=reasoning_ended,
             reasoning_parser_kwargs=kwargs if parser is not None else None,
@@ -164,6 +171,7 @@ class RequestBuilder:
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             continuous_usage=bool(req.stream_options and req.stream_options.continuous_usage_stats),
             prompt_text=text,
+            ignored_keywords=ignored,
         )
 
     def sampling_params(self, req: ChatCompletionRequest) -> SamplingParams:
@@ -184,25 +192,44 @@ class RequestBuilder:
 
     def constraint(self, req: ChatCompletionRequest, plan: ToolPlan) -> GrammarSpec | None:
         """The grammar the answer must follow, or None."""
+        return self.checked_constraint(req, plan)[0]
+
+    def checked_constraint(
+        self, req: ChatCompletionRequest, plan: ToolPlan
+    ) -> tuple[GrammarSpec | None, tuple[str, ...]]:
+        """The grammar the answer must follow (or None), with its JSON schemas checked
+        here as the engine checks them, so that a schema it would refuse is refused
+        before it is sent; and the keywords left out (``ignore_unsupported_keywords``)."""
+        ignore = req.ignore_unsupported_keywords
         if plan.forced:
-            return self._forced_call(plan)
+            return self._forced_call(plan, ignore)
         spec = response_spec(req)
         if spec is None:
-            return None
-        if self.tool_format is None:
-            return spec
+            return None, ()
+        param = "response_format" if req.response_format is not None else "structured_outputs"
+        spec = replace(spec, ignore_unsupported=ignore)
         try:
-            return self.tool_format.response_constraint(spec)
+            report = normalize_spec(spec)
+            if self.tool_format is not None:
+                spec = replace(
+                    self.tool_format.response_constraint(spec), ignore_unsupported=ignore
+                )
         except (ToolFormatError, GrammarError) as e:
-            raise RequestError(str(e), "response_format") from None
+            raise RequestError(str(e), param) from None
+        return spec, report.ignored
 
-    def _forced_call(self, plan: ToolPlan) -> GrammarSpec:
+    def _forced_call(self, plan: ToolPlan, ignore: bool) -> tuple[GrammarSpec, tuple[str, ...]]:
+        """The family's constraint over the tools' normalized parameter schemas: a
+        parameter no value fits is left out if optional, and refused (naming the tool
+        and the parameter) if required."""
         try:
-            return self.forced_format.constraint(
-                plan.tools, named=plan.named, parallel=plan.parallel
+            tools = normalize_tools(plan.tools, ignore_unsupported=ignore)
+            spec = self.forced_format.constraint(
+                tools.tools, named=plan.named, parallel=plan.parallel
             )
         except (ToolFormatError, GrammarError) as e:
             raise RequestError(str(e), "tools") from None
+        return replace(spec, ignore_unsupported=ignore), tools.ignored
 
 
 def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:

@@ -254,6 +254,7 @@ class ChatFrontend:
             proc.usage,
             logprobs=proc.chat_logprobs(acc.logprobs),
             stop_reason=proc.stop_reason,
+            ignored_keywords=list(prepared.ignored_keywords) or None,
         )
 
     async def stream(
@@ -287,7 +288,7 @@ class ChatFrontend:
                             return
                         if not began:
                             began = True
-                            yield chunks.role(role_usage)
+                            yield chunks.role(role_usage, list(prepared.ignored_keywords) or None)
                         if delta or proc.finished:
                             yield chunks.delta(
                                 delta,

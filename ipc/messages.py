@@ -81,6 +81,9 @@ class StructuredOutputSpec(_Wire):
     kind: str
     #: schema / choices / structural tag as JSON text; regex; EBNF
     value: str = ""
+    #: JSON schemas: leave out keywords the grammar cannot enforce (instead of
+    #: refusing the request); the front end reports which
+    ignore_unsupported_keywords: bool = False
 
 
 class EngineCoreRequest(_Wire):

@@ -329,7 +329,14 @@ class CompileService:
             try:
                 write_frame(
                     worker.stdin,
-                    msgspec.msgpack.encode(CompileJob(job_id, job.spec.kind.value, job.spec.value)),
+                    msgspec.msgpack.encode(
+                        CompileJob(
+                            job_id,
+                            job.spec.kind.value,
+                            job.spec.value,
+                            job.spec.ignore_unsupported,
+                        )
+                    ),
                 )
             except OSError:
                 reply = None

@@ -40,6 +40,7 @@ class CompileJob(msgspec.Struct, array_like=True):
     job_id: int
     kind: str
     value: str
+    ignore_unsupported: bool = False
 
 
 class CompileReply(msgspec.Struct, array_like=True):
@@ -141,7 +142,10 @@ def main() -> int:
         job = dec.decode(raw)
         try:
             compiled, json_text = compile_constraint(
-                compiler, GrammarSpec.of(job.kind, job.value), options, specials
+                compiler,
+                GrammarSpec.of(job.kind, job.value, job.ignore_unsupported),
+                options,
+                specials,
             )
             size = int(compiled.memory_size_bytes)
             del compiled

@@ -19,6 +19,7 @@ from .config import StructuredOutputConfig
 from .guard import GuardedMatcher, GuardTable
 from .guide import RequestGuide
 from .specs import CompileOptions, GrammarSpec
+from .structural_tags import require_marker_binding
 from .vocab import tokenizer_info_for
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class StructuredOutputManager:
             else None
         )
         self._guides: weakref.WeakSet[RequestGuide] = weakref.WeakSet()
+        require_marker_binding()  # an xgrammar without it would leave markers as text
         if reasoning_parser is not None:
             self.parser_for(None)  # a parser that cannot serve this vocabulary stops start-up
         # Built in the background (start-up answers its handshake meanwhile); the first

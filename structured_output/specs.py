@@ -48,15 +48,18 @@ class CompileOptions:
 class GrammarSpec:
     kind: SpecKind
     value: str = ""
+    #: JSON schemas (also those inside a structural tag): leave out keywords the
+    #: grammar cannot enforce, instead of refusing the spec (see `json_schemas`)
+    ignore_unsupported: bool = False
 
     @classmethod
-    def of(cls, kind: str, value: str = "") -> GrammarSpec:
+    def of(cls, kind: str, value: str = "", ignore_unsupported: bool = False) -> GrammarSpec:
         try:
             k = SpecKind(kind)
         except ValueError:
             known = ", ".join(k.value for k in SpecKind)
             raise GrammarError(f"unknown structured-output kind {kind!r}; known: {known}") from None
-        return cls(k, value)
+        return cls(k, value, ignore_unsupported)
 
 
 _XGR_NOISE = re.compile(r"\[\d\d:\d\d:\d\d\] \S+?:\d+: |Check failed: \(.*?\) is false: ")
@@ -122,11 +125,14 @@ def compile_constraint(
 ) -> Compiled:
     """`compile_spec`, and whether the result is JSON text."""
     check_spec(spec, options)
+    from .json_schemas import normalize_spec
+
     try:
+        spec = normalize_spec(spec).spec  # JSON schemas as xgrammar enforces them exactly
         return _compile(compiler, spec, options, special_tokens or {})
     except GrammarError:
         raise
-    except (RuntimeError, ValueError, TypeError) as e:
+    except (RuntimeError, ValueError, TypeError, LookupError, AttributeError) as e:
         raise GrammarError(f"invalid {spec.kind.value}: {clean_xgrammar_message(e)}") from None
 
 

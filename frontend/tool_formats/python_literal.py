@@ -6,9 +6,11 @@ The grammar covers the common schema subset exactly: strings (as double-quoted
 literals, with their enum, pattern, format and length), integers and numbers with
 their bounds, booleans (``True``/``False``), null (``None``), enums and consts of any
 JSON values, ``anyOf``/``oneOf``/type lists, arrays with their item bounds, objects
-with declared properties (required ones always, written first). Anything else (an
-object without declared properties, ``allOf``, ``not``, ``if``...) falls back to any
-Python literal, which then may not validate.
+with declared properties (required ones always, written first; none: ``{}``), and
+any dict for an object without ``properties``, arrays with ``prefixItems``. Anything
+else (``allOf``, ``not``, ``if``...; the front end rewrites schemas without them, see
+`structured_output.json_schemas`) falls back to any Python literal, which then may
+not validate.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ _NUMBER_KEYWORDS = (
 )
 
 
-def any_literal(free: FreeText) -> Format:
+def any_literal(free: FreeText, start: str = "value") -> Format:
     """Any Python literal of JSON data: strings (without the barred characters),
-    bounded numbers, True/False/None, lists, and dicts with string keys."""
+    bounded numbers, True/False/None, lists, and dicts with string keys (``start``
+    "dict": only a dict)."""
     bar = "".join("\\" + c if c in "\\]^-[" else c for c in free.barred)
-    grammar = rf"""root ::= value
+    grammar = rf"""root ::= {start}
 value ::= string | number | "True" | "False" | "None" | list | dict
 string ::= "'" char* "'"
 char ::= [^'\\\r\n{bar}] | "\\" [\\'nrt]
@@ -96,35 +99,42 @@ def literal_format(schema: Any, root: Any, free: FreeText) -> Format:
         return const("None")
     if t == "array":
         return _array(s, root, free)
-    if t == "object" and s.get("properties"):
+    if t == "object" and "properties" in s:  # only the declared ones (none: "{}")
         parts = []
         for p in object_properties(s, root)[0]:
             parts.append(
                 (seq(const(repr(p.name) + ": "), literal_format(p.schema, root, free)), p.required)
             )
         return seq(const("{"), arguments(parts), const("}"))
+    if t == "object":
+        return any_literal(free, "dict")
     return any_literal(free)
 
 
 def _array(s: dict[str, Any], root: Any, free: FreeText) -> Format:
-    item = literal_format(s.get("items", {}), root, free)
+    """A list: its ``prefixItems`` in order, then ``items`` (none if false), between
+    ``minItems`` and ``maxItems`` of them."""
+    prefix = [literal_format(p, root, free) for p in s.get("prefixItems") or ()]
+    items = s.get("items", {})
+    extra = None if items is False else literal_format(items, root, free)
     low = int(s.get("minItems", 0))
-    high = s.get("maxItems")
-    more = seq(const(", "), item)
-    if high is None:
-        rest = [more] * max(low - 1, 0) + [star(more)]
-    else:
-        high = int(high)
-        if high == 0:
-            return const("[]")
-        rest = [more] * max(low - 1, 0)
-        tail: Format | None = None
-        for _ in range(high - max(low, 1)):
-            tail = optional(more if tail is None else seq(more, tail))
-        if tail is not None:
-            rest.append(tail)
-    items = seq(item, *rest)
-    return seq(const("["), items if low else optional(items), const("]"))
+    cap = len(prefix) if extra is None else None
+    if s.get("maxItems") is not None:
+        cap = int(s["maxItems"]) if cap is None else min(cap, int(s["maxItems"]))
+    if cap == 0:
+        return const("[]")
+
+    def element(i: int) -> Format:
+        return prefix[i] if i < len(prefix) else extra  # type: ignore[return-value]
+
+    fixed = cap if cap is not None else max(len(prefix), low, 1)
+    tail: Format | None = None if cap is not None else star(seq(const(", "), element(fixed)))
+    for i in reversed(range(max(low, 1), fixed)):
+        more = seq(const(", "), element(i))
+        tail = optional(more if tail is None else seq(more, tail))
+    head = [element(0)] + [seq(const(", "), element(i)) for i in range(1, low)]
+    body = seq(*head, *([tail] if tail is not None else []))
+    return seq(const("["), body if low else optional(body), const("]"))
 
 
 def arguments(parts: Sequence[tuple[Format, bool]], separator: str = ", ") -> Format:

@@ -1,14 +1,56 @@
-"""Reading tools' parameter schemas: local ``$ref`` resolution, the properties of an
-object, and moving a schema inside a larger one without breaking its references."""
+"""Reading tools' parameter schemas: checking and normalizing them before a constraint
+is built, local ``$ref`` resolution, the properties of an object, and moving a schema
+inside a larger one without breaking its references."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from .base import ToolFormatError
+from structured_output import GrammarError
+from structured_output.json_schemas import normalize_schema
+
+from .base import FunctionTool, ToolFormatError
 
 _DEF_KEYS = ("$defs", "definitions")
 _MAX_REF_DEPTH = 32
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizedTools:
+    tools: tuple[FunctionTool, ...]
+    #: keywords left out (``ignore_unsupported``), each prefixed by its tool
+    ignored: tuple[str, ...] = ()
+    #: optional parameters left out because no value fits them, as "tool: path"
+    dropped: tuple[str, ...] = ()
+
+
+def normalize_tools(
+    tools: Sequence[FunctionTool], *, ignore_unsupported: bool = False
+) -> NormalizedTools:
+    """``tools`` with their parameter schemas as the grammar enforces them exactly
+    (`structured_output.json_schemas`): enum members their type does not admit are
+    left out, and so are optional parameters no value fits. A required parameter no
+    value fits, or a keyword that cannot be enforced, raises `ToolFormatError` naming
+    the tool and the parameter (or the keyword and where it is)."""
+    out: list[FunctionTool] = []
+    ignored: list[str] = []
+    dropped: list[str] = []
+    for t in tools:
+        if t.parameters is None or t.strict is False:
+            out.append(t)
+            continue
+        try:
+            n = normalize_schema(
+                t.parameters, ignore_unsupported=ignore_unsupported, subject=f"tool {t.name!r}"
+            )
+        except GrammarError as e:
+            raise ToolFormatError(str(e)) from None
+        out.append(replace(t, parameters=n.schema))
+        ignored += [f"tool {t.name!r}: {x}" for x in n.ignored]
+        dropped += [f"tool {t.name!r}: {x}" for x in n.dropped]
+    return NormalizedTools(tuple(out), tuple(ignored), tuple(dropped))
 
 
 def resolve(schema: Any, root: Any) -> Any:

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import jsonschema
+import msgspec
 import pytest
 
 from frontend.config import ConfigError
@@ -452,12 +453,43 @@ def test_closing_a_stream_early_aborts_the_request(engine, fe):
 
 
 def test_engine_errors_become_error_responses(engine, fe):
-    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
-    resp = engine.run(lambda: fe.create_chat_completion(body("JSON answer", response_format=bad)))
+    bad = {"regex": "(x"}  # only the engine's compiler reads regexes
+    resp = engine.run(lambda: fe.create_chat_completion(body("answer", structured_outputs=bad)))
     assert isinstance(resp, ErrorResponse) and resp.error.code == 400
-    assert "json_schema" in resp.error.message or "nonsense" in resp.error.message
-    chunks = stream(engine, fe, body("JSON answer", response_format=bad))
+    assert "regex" in resp.error.message
+    chunks = stream(engine, fe, body("answer", structured_outputs=bad))
     assert isinstance(chunks[-1], ErrorResponse)
+
+
+def test_schemas_the_engine_would_refuse_are_refused_before_it(engine, fe):
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+    for stream_it in (False, True):
+        b = body("JSON answer", response_format=bad, stream=stream_it)
+        resp = engine.run(lambda b=b: fe.create_chat_completion(b))
+        assert isinstance(resp, ErrorResponse) and resp.error.code == 400
+        assert resp.error.param == "response_format"
+        assert "unknown type 'nonsense'" in resp.error.message
+
+
+def test_ignored_keywords_are_stated_in_the_response(engine, fe):
+    """A keyword the grammar cannot enforce is refused, naming it; on request it is
+    left out, and both the whole response and the stream's first chunk say so."""
+    schema = {**ANSWER_SCHEMA, "not": {"required": ["wind"]}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}
+    b = body("JSON answer", response_format=fmt)
+    resp = engine.run(lambda: fe.create_chat_completion(b))
+    assert isinstance(resp, ErrorResponse) and resp.error.code == 400
+    assert resp.error.param == "response_format" and "not" in resp.error.message
+    b = {**b, "ignore_unsupported_keywords": True}
+    resp = complete(engine, fe, b)
+    assert resp.ignored_keywords and resp.ignored_keywords[0].startswith("not")
+    assert json.loads(resp.choices[0].message.content) == {"city": "Paris", "temp_c": 21}
+    chunks = stream(engine, fe, b)
+    assert chunks[0].ignored_keywords == resp.ignored_keywords
+    assert all(c.ignored_keywords is None for c in chunks[1:])
+    plain = complete(engine, fe, body("JSON answer", response_format={"type": "json_object"}))
+    assert plain.ignored_keywords is None
+    assert b"ignored_keywords" not in msgspec.json.encode(plain)  # absent, not null
 
 
 def test_bad_requests_never_reach_the_engine(engine, fe):
