@@ -37,8 +37,8 @@ REAL = [
 @pytest.fixture(scope="module", params=VOCABS)
 def vocab(request):
     tok = load_tokenizer(request.param)
-    table = GuardTable(tok.all_token_bytes, tok.vocab_rows, special_ids=tok.special_ids, limit=16)
-    return tok, table
+    lc = LocalCompiler(tok, CompileOptions(max_whitespace=16))
+    return tok, lc.guard, lc
 
 
 def _allowed(table: GuardTable, q: int, rows: int) -> np.ndarray:
@@ -59,22 +59,24 @@ def test_random_walks_through_the_table_stay_valid_utf8(vocab):
     those ending mid-character): the text decodes strictly whenever no character is
     pending, is never ill-formed before its end, and a special token comes only after
     a whole character."""
-    tok, table = vocab
+    tok, table, _ = vocab
     tb = tok.all_token_bytes
     specials = set(tok.special_ids)
+    special = np.zeros(len(tb), bool)
+    special[list(specials)] = True
     wide = np.zeros(tok.vocab_rows, bool)
     wide[[t for t, b in enumerate(tb[: tok.vocab_rows]) if any(c >= 0x80 for c in b)]] = True
     cut = np.zeros(tok.vocab_rows, bool)  # tokens that end mid-character
     cut[[t for t, b in enumerate(tb) if utf8.run_bytes(utf8.DONE, b) not in (0, utf8.ERROR)]] = True
     rng = random.Random(tok.vocab_rows)
     pending_seen = whole_seen = 0
-    for _ in range(60):
+    for _ in range(30):
         q, data = table.start_raw, b""
         for _ in range(40):
             allowed = _allowed(table, q, len(tb))  # not the padding rows past the tokens
             assert len(allowed), data
             pending = table.decode(q)[2]
-            assert all(t not in specials for t in allowed) or pending == utf8.DONE
+            assert pending == utf8.DONE or not special[allowed].any()
             r = rng.random()
             pick = allowed[cut[allowed]] if r < 0.4 else allowed[wide[allowed]] if r < 0.8 else []
             t = int(rng.choice(pick if len(pick) else allowed))
@@ -86,7 +88,7 @@ def test_random_walks_through_the_table_stay_valid_utf8(vocab):
             else:
                 assert _is_prefix(data), data[-12:]
                 pending_seen += 1
-    assert pending_seen > 300 and whole_seen > 300  # the walks did go mid-character
+    assert pending_seen > 150 and whole_seen > 150  # the walks did go mid-character
 
 
 def _walk(table: GuardTable, q: int, ids: list[int]) -> int:
@@ -99,12 +101,12 @@ def _walk(table: GuardTable, q: int, ids: list[int]) -> int:
 
 @given(text=st.text(st.characters(exclude_categories=("Cs",)), max_size=40))
 @example(text="".join(REAL))
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_valid_texts_own_tokens_are_never_masked(vocab, text):
     """A valid text as the vocabulary encodes it (characters split between tokens
     wherever its merges split them), as raw text and inside a JSON string: every token
     is allowed where it comes, and the state ends whole."""
-    tok, table = vocab
+    tok, table, _ = vocab
     ids = tok.encode(text, special=False)
     q = _walk(table, table.start_raw, ids)
     assert table.decode(q) == (lexing.RAW, 0, utf8.DONE)
@@ -115,7 +117,7 @@ def test_a_valid_texts_own_tokens_are_never_masked(vocab, text):
 
 @pytest.mark.parametrize("text", REAL)
 def test_real_texts_are_never_masked(vocab, text):
-    tok, table = vocab
+    tok, table, _ = vocab
     q = _walk(table, table.start_raw, tok.encode(text, special=False))
     assert table.decode(q)[2] == utf8.DONE
 
@@ -136,8 +138,7 @@ def test_every_spec_kind_writes_valid_utf8(vocab, kind):
     region (``any_text``: the guard does all), JSON text and character classes (the
     grammar refuses all but surrogates, the guard those): random walks that favour
     bytes past ASCII decode strictly whenever no character is pending."""
-    tok, _ = vocab
-    lc = LocalCompiler(tok, CompileOptions(max_whitespace=16))
+    tok, _, lc = vocab
     grammar = lc.compile(SPECS[kind])
     tb = tok.all_token_bytes
     wide = np.zeros(tok.vocab_rows, bool)
