@@ -1,5 +1,5 @@
-"""thinkgate bench fill|apply|sample|e2e|throughput|jump|latency|http|startup: measure the
-engine's structured-output paths side by side with the usual way, the engine process
+"""thinkgate bench fill|apply|sample|e2e|throughput|jump|drafts|latency|http|startup:
+measure the engine's structured-output paths side by side with the usual way, the engine process
 around the model, its throughput against transformers, its start-up, and the HTTP
 server. See bench/README.md."""
 
@@ -216,6 +216,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, default=8, help="calls per case, at most 8 (default 8)")
     p.add_argument("--max-tokens", type=int, default=128, help="per call (default 128)")
     p = sub.add_parser(
+        "drafts",
+        help="tokens per second and drafts kept with --draft-tokens against none, on a "
+        "JSON answer that copies its prompt and on sampled answers drafts do not match",
+    )
+    _common(p, iters=0, warmup=1)
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        required=True,
+        help="a model directory, or scripted (copies the record; the random model samples)",
+    )
+    p.add_argument("--draft-tokens", type=int, default=4, help="K of the run with drafts (4)")
+    p.add_argument("--batch", type=int, default=8, help="requests run together (default 8)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
+    p.add_argument("--max-tokens", type=int, default=160, help="per request (default 160)")
+    p.add_argument(
+        "--forward-ms", type=float, default=0.0, help="scripted/random: each pass sleeps this long"
+    )
+    p = sub.add_parser(
         "latency",
         help="the engine process: 1-token round trip through the client, steps per second",
     )
@@ -332,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
 
         records = jump.run(args)
         print(jump.table(records))
+    elif args.bench == "drafts":
+        from . import drafts
+
+        records = drafts.run(args)
+        print(drafts.table(records))
     elif args.bench == "fill" and args.peer_python:
         from .peer import run, table
 

@@ -137,6 +137,14 @@ class EngineConfig:
         "tokenizer's own split, up to a safe boundary); off by default: a model under a "
         "mask may split that text otherwise, so a greedy output can change",
     )
+    draft_tokens: int = option(
+        0,
+        "draft tokens proposed per request and step by prompt lookup (the tokens that "
+        "followed the last few tokens earlier in the prompt or output), scored in the "
+        "same forward pass and kept only where the model's sampling and the grammar "
+        "would have chosen them; 0: no drafts",
+        metavar="K",
+    )
     structured_output: StructuredOutputConfig = dataclasses.field(
         default_factory=StructuredOutputConfig
     )

@@ -9,6 +9,10 @@ One step, for the running batch:
 3. take the logits, apply the masks, sample;
 4. append the tokens, finish what stopped, and report.
 
+With drafts (``--draft-tokens``), step 1 also scores each row's draft tokens, and steps
+3 and 4 go on position by position over the rows whose drafts the sampler confirmed
+(`multi_token.verify_drafts`).
+
 Nothing a request carries ends the engine: an exception while admitting, compiling,
 starting, feeding, filling, sampling, committing or finishing one request ends that
 request with an error, and the others go on (a batched call that raises is retried
@@ -42,9 +46,10 @@ from structured_output.manager import StructuredOutputManager
 
 from .admission import check_request, error_message, spec_of
 from .config import EngineConfig
+from .drafts import NgramDrafter
 from .isolation import sample_isolating
 from .logprobs import StepLogprobs
-from .multi_token import jump
+from .multi_token import jump, verify_drafts
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
@@ -129,6 +134,17 @@ class EngineCore:
         )
         #: tokens appended by jump forward, not sampled
         self.num_jumped_tokens = 0
+        if config.draft_tokens < 0 or (config.draft_tokens and not self.runner.multi_token):
+            self.close()
+            why = "must be 0 or more" if config.draft_tokens < 0 else "this model takes none"
+            raise ValueError(f"--draft-tokens {config.draft_tokens}: {why}")
+        #: the draft source, with ``--draft-tokens`` above 0
+        self.drafter = NgramDrafter(config.draft_tokens) if config.draft_tokens else None
+        #: draft tokens proposed, and those accepted
+        self.num_draft_tokens = 0
+        self.num_accepted_drafts = 0
+        #: rows of logits gathered for the sampler in a step with drafts
+        self._draft_rows = None
         self.requests: dict[tuple[bytes, str], EngineRequest] = {}
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
@@ -376,10 +392,13 @@ class EngineCore:
         return self._take()
 
     def _step(self, running: list[EngineRequest]) -> None:
-        plan = self.runner.plan(running)
+        drafts = self._propose(running) if self.drafter is not None else None
+        plan = self.runner.plan(running, drafts)
         forward = self._model_thread.submit(self.runner.forward, plan)
         # rows left out of plan.ready are still prefilling their prompt: no logits yet
         batch = running if plan.ready is None else [running[i] for i in plan.ready]
+        if drafts is not None and plan.ready is not None:
+            drafts = [drafts[i] for i in plan.ready]
         try:
             cons, live = self._prepare(batch)
             sb = self._sampling_batch(batch)  # while the forward pass runs, like _prepare
@@ -396,18 +415,48 @@ class EngineCore:
         if not batch:
             self.num_steps += 1
             return
+        # each row's logits after its known tokens come first, drafts or not
+        first = logits if drafts is None else logits[: len(batch)]
         # before the sampler edits the logits in place
-        lp = StepLogprobs.gather(logits, batch) if self.num_logprob_requests else None
-        try:
-            tokens = self.sampler.sample(logits, sb, cons)
-        except Exception as e:  # noqa: BLE001 - find the rows at fault
-            tokens = sample_isolating(
-                self.sampler, logits, sb, cons, live, e, self._row_failer(batch, live, "sampling")
-            )
+        lp = StepLogprobs.gather(first, batch) if self.num_logprob_requests else None
+        tokens = self._sample(first, sb, cons, batch, live)
         if lp is not None:
             lp.record(tokens)
         self.num_steps += 1
-        self._commit(batch, tokens, live)
+        if drafts is None:
+            self._commit(batch, tokens, live)
+        else:
+            verify_drafts(self, batch, drafts, tokens, live, logits, plan.logit_blocks())
+
+    def _propose(self, running: list[EngineRequest]) -> list[list[int]] | None:
+        """Each row's drafts (none for a row that has no output yet, so may still be
+        prefilling, or that wants log-probabilities; never past ``max_tokens``); None
+        when no row has any."""
+        drafter = self.drafter
+        assert drafter is not None
+        out: list[list[int]] = []
+        total = 0
+        for r in running:
+            room = r.max_tokens - len(r.output_ids) - 1  # the token sampled after them
+            d = drafter.propose(r, room) if r.output_ids and r.logprobs is None else []
+            out.append(d)
+            total += len(d)
+        self.num_draft_tokens += total
+        return out if total else None
+
+    def _sample(
+        self,
+        logits,
+        sb: SamplingBatch,
+        cons: StepConstraints,
+        batch: list[EngineRequest],
+        live: list[bool],
+    ) -> np.ndarray:
+        try:
+            return self.sampler.sample(logits, sb, cons)
+        except Exception as e:  # noqa: BLE001 - find the rows at fault
+            fail = self._row_failer(batch, live, "sampling")
+            return sample_isolating(self.sampler, logits, sb, cons, live, e, fail)
 
     def _row_failer(self, batch: list[EngineRequest], live: list[bool], stage: str):
         def fail(i: int, e: BaseException) -> None:
@@ -435,47 +484,57 @@ class EngineCore:
         return sampling_batch(batch, self.rng)
 
     def _commit(self, batch: list[EngineRequest], tokens: np.ndarray, live: list[bool]) -> None:
-        out = self._out
         for i, r in enumerate(batch):
             if not live[i] or r.status == Status.FINISHED:
                 continue
             try:
-                tok = int(tokens[i])
-                if tok < 0:
-                    self._finish(r, FinishReason.ERROR, error="the grammar allows no token here")
-                    continue
-                r.output_ids.append(tok)
-                r.pending = tok
-                n = len(r.output_ids)
-                if tok in r.stop_ids and n >= r.min_tokens:
-                    self._finish(r, FinishReason.STOP, stop=tok)
-                elif r.guide is not None and tok in r.grammar_stop_ids and _grammar_ended(r):
-                    self._finish(r, FinishReason.STOP, stop=tok)  # ignore_eos aside
-                elif n >= r.max_tokens:
-                    self._finish(r, FinishReason.LENGTH)
-                else:
-                    if self.forced is not None:
-                        self.num_jumped_tokens += jump(r, self.forced)
-                        n = len(r.output_ids)
-                        if n >= r.max_tokens:
-                            self._finish(r, FinishReason.LENGTH)
-                            continue
-                    out.append(
-                        (
-                            r.client,
-                            EngineCoreOutput(
-                                r.request_id,
-                                r.output_ids[r.num_sent :],
-                                num_reasoning_tokens=r.guide.num_reasoning_tokens
-                                if r.guide is not None
-                                else 0,
-                                logprobs=r.logprobs.take() if r.logprobs is not None else None,
-                            ),
-                        )
-                    )
-                    r.num_sent = n
+                if self._append(r, int(tokens[i])):
+                    self._report(r)
             except Exception as e:  # noqa: BLE001 - ends this request only
                 self._fail(r, e, "taking its sampled token")
+
+    def _append(self, r: EngineRequest, tok: int) -> bool:
+        """Append one token to the output of ``r`` (sampled, or a draft the sampler
+        confirmed), to be fed to its guide before its next token is chosen; finish
+        ``r`` where it stops. Whether ``r`` goes on."""
+        if tok < 0:
+            self._finish(r, FinishReason.ERROR, error="the grammar allows no token here")
+            return False
+        r.output_ids.append(tok)
+        r.pending = tok
+        n = len(r.output_ids)
+        if tok in r.stop_ids and n >= r.min_tokens:
+            self._finish(r, FinishReason.STOP, stop=tok)
+        elif r.guide is not None and tok in r.grammar_stop_ids and _grammar_ended(r):
+            self._finish(r, FinishReason.STOP, stop=tok)  # ignore_eos aside
+        elif n >= r.max_tokens:
+            self._finish(r, FinishReason.LENGTH)
+        else:
+            return True
+        return False
+
+    def _report(self, r: EngineRequest) -> None:
+        """After the last token ``r`` takes this step (it goes on): jump forward over
+        what its grammar forces, then queue its new tokens."""
+        n = len(r.output_ids)
+        if self.forced is not None:
+            self.num_jumped_tokens += jump(r, self.forced)
+            n = len(r.output_ids)
+            if n >= r.max_tokens:
+                self._finish(r, FinishReason.LENGTH)
+                return
+        self._out.append(
+            (
+                r.client,
+                EngineCoreOutput(
+                    r.request_id,
+                    r.output_ids[r.num_sent :],
+                    num_reasoning_tokens=r.guide.num_reasoning_tokens if r.guide is not None else 0,
+                    logprobs=r.logprobs.take() if r.logprobs is not None else None,
+                ),
+            )
+        )
+        r.num_sent = n
 
     def close(self) -> None:
         """Stop the model thread, the runner and the grammar compilers (whatever of

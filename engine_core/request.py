@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from structured_output import GrammarSpec
     from structured_output.guide import RequestGuide
 
+    from .drafts import NgramIndex
+
 
 class Status(IntEnum):
     WAITING = 0  # queued; its grammar may still be compiling
@@ -54,6 +56,7 @@ class EngineRequest:
         "pending",
         "arrival_time",
         "logprobs",
+        "draft_index",
     )
 
     def __init__(
@@ -97,6 +100,8 @@ class EngineRequest:
         self.arrival_time = req.arrival_time
         #: the log-probabilities still to send, when the request asks for them
         self.logprobs = LogprobBuffer(sp.logprobs) if sp.logprobs is not None else None
+        #: the draft source's index of this request's tokens (`drafts.NgramIndex`)
+        self.draft_index: NgramIndex | None = None
 
     @property
     def key(self) -> tuple[bytes, str]:

@@ -9,27 +9,41 @@
    but the grammar does not carry it: a grammar with a bounded whitespace repetition at
    every gap of a JSON value makes each fill 2-3 times costlier than one with xgrammar's
    unbounded whitespace. So JSON is compiled unbounded, and the bound is a mask.
-2. **The output is valid UTF-8.** xgrammar's character classes admit the UTF-8
-   encodings of the surrogates U+D800-U+DFFF (bytes ``ED A0..BF ..``), which no strict
-   decoder accepts; a byte-level vocabulary reaches them by writing ``ED`` at the end of
-   one token and ``A0..BF`` at the start of the next. After a token that ends with
-   ``ED``, tokens that begin with ``A0..BF`` are masked. (No real vocabulary has a token
-   holding ``ED A0..BF`` inside it; one that does is masked always.) xgrammar refuses
-   every other ill-formed sequence (overlong forms, stray continuation bytes, code
-   points past U+10FFFF) by itself. In JSON text, the same holds for escapes: a
-   ``\\u`` escape of a surrogate must be a high one followed at once by a low one
-   (``\\ud83d\\ude00``); a lone one (which JSON's grammar admits, strict parsers
-   refuse, and no UTF-8 encoder can write back) is masked as it would begin.
+2. **The output is valid UTF-8.** A byte-level vocabulary splits characters between
+   tokens, so a text can be ill-formed across a token boundary even where every token
+   is fine alone. In raw text (below) the guard keeps the whole rule: it follows where
+   the text stands in a UTF-8 sequence (`utf8.py`: whole, or which continuation bytes
+   must come next) and masks every token that would make it ill-formed: one that
+   starts with a continuation byte after a whole character, one without the
+   continuation bytes a pending character needs or with a second byte out of its lead's
+   range (overlong forms, encoded surrogates, code points past U+10FFFF), one
+   ill-formed inside (a stray continuation byte, ``C0``, ``C1``, ``F5..FF``), and,
+   while a character is pending, every special token (a stop token among them):
+   its marker would follow the incomplete bytes. This is what xgrammar's byte-level
+   regions (``any_text``, the text between a structural tag's triggers, the free text
+   of XML-style parameters) do not enforce. In JSON text the grammar refuses all of
+   these by itself but one: its character classes admit the encodings of the
+   surrogates U+D800-U+DFFF (bytes ``ED A0..BF ..``), which a byte-level vocabulary
+   reaches by writing ``ED`` at the end of one token and ``A0..BF`` at the start of the
+   next. There, after a pending ``ED``, tokens that begin with ``A0..BF`` are masked
+   (and a token that holds ``ED A0..BF`` always: no real vocabulary has one); the rest
+   would cost each row of JSON text a hundred mask words for nothing. In JSON text,
+   the same holds for escapes: a ``\\u`` escape of a surrogate must be a high one
+   followed at once by a low one (``\\ud83d\\ude00``); a lone one (which JSON's
+   grammar admits, strict parsers refuse, and no UTF-8 encoder can write back) is
+   masked as it would begin.
 
 Each matcher carries a small state (`GuardedMatcher.guard_state`): where the text it
 has accepted stands lexically (`lexing.py`: outside a JSON string, inside one, in an
 escape, or raw text that is not lexed), the length of the whitespace run it ends
-with, and whether its last byte is ``ED``. Accepting a token updates it with one
-lookup in a per-token table. A fill then combines each row with the precomputed mask
-of its state, vectorized over the batch: most states ban only the few tokens that hold
-a whitespace run longer than ``limit`` (about 120 of Qwen3's 151,669), a few dozen
-words per row; only a row whose run already reached the limit, or that stands inside
-a ``\\u`` escape, gets a whole-row mask.
+with, and where it stands in a UTF-8 sequence (`utf8.py`). Accepting a token updates
+it with one lookup in a per-token table. A fill then combines each row with the
+precomputed mask of its state, vectorized over the batch: most states ban only a few
+hundred tokens (those that hold a whitespace run longer than ``limit``, about 120 of
+Qwen3's 151,669, outside JSON strings; those that start with a continuation byte or
+are ill-formed, about 190, in raw text), a hundred-odd words per row; only a row whose
+run already reached the limit, that stands inside a ``\\u`` escape, or that is in raw
+text mid-character gets a whole-row mask.
 
 JSON lexing is exact only where the constraint's text outside its JSON values is JSON
 too (markers and literals with balanced quotes): JSON schemas, JSON objects, and
@@ -40,6 +54,8 @@ parameters, Python literals) keeps the bound in its grammar instead
 
 A whitespace run the grammar itself requires (a literal newline after ``limit``
 spaces) is let through: a row whose mask would allow nothing keeps the grammar's mask.
+So is an ill-formed sequence a grammar requires (a byte-level region that may not
+continue a pending character); the state then starts over as if the text were whole.
 """
 
 from __future__ import annotations
@@ -51,7 +67,20 @@ from typing import Any
 import numpy as np
 import xgrammar as xgr
 
-from .lexing import INVALID, LEAD_ED, NARROW, NUM_STATES, OUT, RAW, STR, WS, lex_tokens, step
+from . import utf8
+from .lexing import (
+    ESCAPING,
+    INVALID,
+    NARROW,
+    NUM_STATES,
+    OUT,
+    RAW,
+    STR,
+    WS,
+    lex_tokens,
+    step,
+)
+from .utf8 import AFTER_ED, DONE, ERROR, NUM_PENDING
 
 #: up to this many rows, `GuardTable.apply` goes row by row
 _FEW = 8
@@ -61,7 +90,8 @@ class GuardTable:
     """Per-token transitions and per-state masks of one vocabulary and one ``limit``
     (None: whitespace unbounded, UTF-8 guarded only).
 
-    A state is ``q = ((lex * K + run) << 1) | after_ed`` with ``K = limit + 1``."""
+    A state is ``q = (lex * P + pending) * K + run`` with ``K = limit + 1`` and ``P``
+    the UTF-8 pending states (`utf8.py`); `state` and `decode` spell it out."""
 
     def __init__(
         self,
@@ -83,31 +113,54 @@ class GuardTable:
             if i not in specials:  # a special token is one marker: no bytes to lex
                 tb[i] = b
         lex = lex_tokens(tb)
+        pending = lex["pending"]
         cap = self.k - 1
-        codes = []
+        wide = NUM_STATES * NUM_PENDING * self.k > 1 << 15
+        codes: list[array[int]] = []
         for s in range(NUM_STATES):
             nxt, trail, pure, length = lex["next"][s], lex["trail"][s], lex["pure"][s], lex["len"]
-            code = ((nxt * self.k + np.minimum(trail, cap)) << 1) | lex["ends_ed"]
-            codes.append(array("i", np.where(pure, -length, code).astype(np.int32).tobytes()))
-        #: per lexical state, per token: the next state, or ``-n`` for a token of ``n``
-        #: whitespace characters outside strings (the run grows by ``n``)
-        self.codes: list[array[int]] = codes
+            for u in range(NUM_PENDING):
+                if u != DONE and s in ESCAPING:  # unreachable: an escape is ASCII
+                    codes.append(codes[s * NUM_PENDING])
+                    continue
+                # ill-formed (let through only where the grammar required it): start over
+                nu = np.where(pending[u] == ERROR, DONE, pending[u])
+                code = (nxt * NUM_PENDING + nu) * self.k + np.minimum(trail, cap)
+                if s == OUT and u == DONE:
+                    code = np.where(pure, -length, code)
+                codes.append(
+                    array("i" if wide else "h", code.astype(np.int32 if wide else np.int16))
+                )
+        #: per lexical and pending state (``q // K``), per token: the next state, or
+        #: ``-n`` for a token of ``n`` whitespace characters outside strings from ``OUT``
+        #: with nothing pending (``q < K``: the run ``q`` grows by ``n``)
+        self.codes = codes
         self.cap = cap
-        self.start_json = 0
-        self.start_raw = (RAW * self.k) << 1
+        self.start_json = self.state(OUT)
+        self.start_raw = self.state(RAW)
         self._build_masks(lex)
+
+    def state(self, lex: int, run: int = 0, pending: int = DONE) -> int:
+        return (lex * NUM_PENDING + pending) * self.k + run
+
+    def decode(self, q: int) -> tuple[int, int, int]:
+        """``(lex, run, pending)`` of state ``q``."""
+        su, run = divmod(q, self.k)
+        lex, pending = divmod(su, NUM_PENDING)
+        return lex, run, pending
 
     # ----- per token, in Python (one call per accepted token) -------------------
 
     def advance(self, q: int, token_id: int) -> int:
-        c = self.codes[(q >> 1) // self.k][token_id]
-        return c if c >= 0 else min((q >> 1) - c, self.cap) << 1
+        c = self.codes[q // self.k][token_id]
+        return c if c >= 0 else min(q - c, self.cap)
 
     def advance_bytes(self, q: int, data: bytes) -> int:
         """The state after ``data`` (a string the matcher accepted; rare)."""
         if not data:
             return q
-        lex, run = divmod(q >> 1, self.k)
+        lex, run, pending = self.decode(q)
+        pending = utf8.run_bytes(pending, data)
         for byte in data:
             if lex == OUT and byte in WS:
                 run = min(run + 1, self.cap)
@@ -116,7 +169,7 @@ class GuardTable:
             lex = step(lex, byte)
             if lex == INVALID:
                 lex = STR  # only where the grammar itself required it (see `apply`)
-        return ((lex * self.k + run) << 1) | (data[-1] == LEAD_ED)
+        return self.state(lex, run, DONE if pending == ERROR else pending)
 
     # ----- masks -------------------------------------------------------------------
 
@@ -125,10 +178,11 @@ class GuardTable:
         first = lex["first"]
         starts_hi = (first >= 0xA0) & (first <= 0xBF)
         surrogate = lex["surrogate"]  # never in a real vocabulary
+        pending = lex["pending"]
         #: every byte is a token: a banned token's first byte is then always allowed
         #: unless the run is at the limit, so only such rows can end up empty
         complete = lex["single_bytes"] == 256
-        num_states = NUM_STATES * self.k * 2
+        num_states = NUM_STATES * NUM_PENDING * self.k
         self.needs = np.zeros(num_states, dtype=bool)
         self.dense = np.zeros(num_states, dtype=bool)
         full: list[np.ndarray] = []
@@ -140,12 +194,18 @@ class GuardTable:
         seen: dict[bytes, int] = {}
         at = 0
         for q in range(num_states):
-            s, run = divmod(q >> 1, self.k)
-            if (s != OUT or q & 1) and run > 0:
-                continue  # unreachable: a run is counted outside strings only
-            ok = ~surrogate & ~lex["invalid"][s]
-            if q & 1:
-                ok = ok & ~starts_hi
+            s, run, u = self.decode(q)
+            if run > 0 and (s != OUT or u != DONE):
+                continue  # unreachable: a run is counted outside strings, after whole text
+            if u != DONE and s in ESCAPING:
+                continue  # unreachable: an escape is ASCII
+            ok = ~lex["invalid"][s]
+            if s == RAW:
+                ok = ok & (pending[u] != ERROR)
+            else:  # the grammar of JSON text refuses all but a surrogate by itself
+                ok = ok & ~surrogate
+                if u == AFTER_ED:
+                    ok = ok & ~starts_hi
             if limit is not None and s != RAW:
                 ok = ok & (lex["inner"][s] <= limit)
                 if s == OUT:
@@ -160,7 +220,10 @@ class GuardTable:
             # (``complete``), which is banned only at the whitespace limit or where a
             # surrogate escape must go on one way (such rows are rare: whole-row masks)
             empty_possible = (
-                not complete or (s == OUT and limit is not None and run >= limit) or s in NARROW
+                not complete
+                or (s == OUT and limit is not None and run >= limit)
+                or s in NARROW
+                or (s == RAW and u != DONE)
             )
             if empty_possible or len(changed) > self.words // 4:
                 self.dense[q] = True
@@ -323,8 +386,8 @@ class GuardedMatcher(xgr.GrammarMatcher):
             return False
         q = self.guard_state
         self._history.append(q)
-        c = self._codes[(q >> 1) // self._k][token_id]
-        self.guard_state = c if c >= 0 else min((q >> 1) - c, self._cap) << 1
+        c = self._codes[q // self._k][token_id]
+        self.guard_state = c if c >= 0 else min(q - c, self._cap)
         return True
 
     def accept_string(self, input_str: str | bytes, *, debug_print: bool = False) -> bool:

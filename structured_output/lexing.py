@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .utf8 import token_states
+
 OUT, STR, ESC, RAW, U0, UD1, UH2, UH3, PH, PH1, PH2, PH3 = range(12)
 NUM_STATES = 12
 #: the sink of bytes that would write a lone surrogate escape (not a state of the text)
@@ -94,9 +96,10 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
     strings at the token's start (``lead``; the whole length for ``pure`` tokens,
     which are such whitespace only), the longest other such run (``inner``, the
     trailing one included), the run it ends with (``trail``), whether it writes a lone
-    surrogate escape (``invalid``); and per token ``len``, ``first`` (its first byte),
-    ``ends_ed``, ``surrogate`` (it holds an encoded surrogate, ``ED A0..BF``) and the
-    number of distinct ``single_bytes`` tokens.
+    surrogate escape (``invalid``); per UTF-8 pending state and token, the pending
+    state it ends in (``pending``: `utf8.token_states`); and per token ``len``,
+    ``first`` (its first byte), ``surrogate`` (it holds an encoded surrogate,
+    ``ED A0..BF``) and the number of distinct ``single_bytes`` tokens.
 
     Tokens without a quote or a backslash (all but about 1%) never leave ``OUT`` or
     ``STR``, so their runs are found with array operations over all their bytes at
@@ -112,8 +115,6 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
     nonempty = lengths > 0
     first = np.zeros(n, np.int64)
     first[nonempty] = flat[starts[nonempty]]
-    last = np.zeros(n, np.int64)
-    last[nonempty] = flat[ends[nonempty] - 1]
     pair = (flat[:-1] == LEAD_ED) & (flat[1:] >= 0xA0) & (flat[1:] <= 0xBF)
     pair &= owner[:-1] == owner[1:]
     surrogate = np.zeros(n, bool)
@@ -127,7 +128,7 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "len": lengths,
         "first": first,
-        "ends_ed": (last == LEAD_ED).astype(np.int64),
+        "pending": token_states(flat, starts, lengths),
         "surrogate": surrogate,
         "single_bytes": len(np.unique(first[lengths == 1])),
         "next": [np.full(n, s, np.int64) for s in range(NUM_STATES)],

@@ -59,9 +59,12 @@ class ForwardBatch:
     tokens were appended without sampling; a chunk of the prompt while it is
     prefilled), then its drafts, if any.
 
-    Logits come for the *ready* rows only, in order: a ready row without drafts gets one
-    row of logits, for the token after its known tokens; with ``k`` drafts it gets
-    ``1 + k`` consecutive rows: after its known tokens, then after each draft token."""
+    Logits come for the *ready* rows only, position by position (`logit_blocks`): first
+    one row per ready row, in order, for the token after its known tokens (without
+    drafts, that is all); then for each ``j = 1, 2, ...`` one row per ready row with at
+    least ``j`` drafts, in order, for the token after its draft ``j - 1``. So the rows
+    the engine samples at one position are consecutive, the first block exactly the
+    logits of a step without drafts."""
 
     rows: Sequence[RunnerRow]
     #: indices into ``rows`` of the rows that get logits, ascending; None: every row. A
@@ -82,15 +85,36 @@ class ForwardBatch:
             return self.rows
         return [self.rows[i] for i in self.ready]
 
-    def logit_offsets(self) -> np.ndarray:
-        """``[len(ready_rows) + 1]`` int64: ready row ``i``'s logits are rows
-        ``offsets[i]:offsets[i + 1]`` of `ModelRunner.forward`'s result."""
+    def ready_drafts(self) -> list[Sequence[int]]:
+        """The drafts of the ready rows, in order (all empty without drafts)."""
+        if self.drafts is None:
+            return [()] * len(self.ready_rows)
         idx = range(len(self.rows)) if self.ready is None else self.ready
-        counts = np.ones(len(idx) + 1, dtype=np.int64)
-        counts[0] = 0
-        if self.drafts is not None:
-            counts[1:] += [len(self.drafts[i]) for i in idx]
-        return np.cumsum(counts)
+        return [self.drafts[i] for i in idx]
+
+    def logit_blocks(self) -> list[np.ndarray]:
+        """Per position ``j`` (0: after the known tokens; ``j``: after draft ``j - 1``):
+        the indices into `ready_rows` (ascending, int64) of the rows with logits there.
+        Block ``j``'s logits follow block ``j - 1``'s in `ModelRunner.forward`'s
+        result, one row each, in that order."""
+        lens = np.fromiter((len(d) for d in self.ready_drafts()), np.int64)
+        top = int(lens.max()) if len(lens) else 0
+        return [np.arange(len(lens), dtype=np.int64)] + [
+            np.flatnonzero(lens >= j) for j in range(1, top + 1)
+        ]
+
+
+def logit_positions(batch: ForwardBatch) -> list[tuple[RunnerRow, Sequence[int]]]:
+    """Per row of `ModelRunner.forward`'s logits, in order (`ForwardBatch`): its row,
+    and the draft tokens that precede that position after the row's known tokens."""
+    rows = batch.ready_rows
+    if batch.drafts is None:
+        return [(r, ()) for r in rows]
+    drafts = batch.ready_drafts()
+    top = max(map(len, drafts), default=0)
+    return [
+        (r, d[:j]) for j in range(top + 1) for r, d in zip(rows, drafts, strict=True) if len(d) >= j
+    ]
 
 
 class ModelRunner(ABC):

@@ -222,6 +222,7 @@ class HFRunner(ModelRunner):
         # first packed token, new tokens)
         groups: dict[int, list[tuple[int, int, int]]] = {}
         top_len = 0
+        ahead: list[range] = []  # per ready row with drafts: the packed indices of them
         for i, r in enumerate(rows):
             st = states[id(r)]
             p0, f, slot = st.cached, feed[i], st.slot
@@ -243,9 +244,13 @@ class HFRunner(ModelRunner):
             pos += range(p0, p0 + c)
             top_len = max(top_len, p0 + c)
             if ready is None or i in ready:
-                logit_at += range(len(ids) - 1 - len(d), len(ids))
+                logit_at.append(len(ids) - 1 - len(d))
+                ahead.append(range(len(ids) - len(d), len(ids)))
             key = 0 if c <= IN_PLACE_QUERY_MAX else max(32, 1 << (c - 1).bit_length())
             groups.setdefault(key, []).append((slot, t0, c))
+        if drafts is not None:  # position by position (`ForwardBatch`)
+            top = max(map(len, ahead), default=0)
+            logit_at += [a[j] for j in range(top) for a in ahead if j < len(a)]
         self.cache.ensure(max(slots, default=-1) + 1, top_len)
         # one host list, one copy to the device: ids, slots, positions, logit rows,
         # then per group its tokens, block rows, query indices (and gathered slots)

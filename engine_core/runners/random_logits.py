@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..model_options import RandomOptions
-from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow, closing_bias
+from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow, closing_bias, logit_positions
 
 #: distinct random logit rows the model draws from
 POOL_ROWS = 64
@@ -40,6 +40,8 @@ class RandomLogitsRunner(ModelRunner):
 
     Options = RandomOptions
     own: RandomOptions
+    #: drafts get logits as if the row had written them; nothing is held per position
+    multi_token = True
 
     def __init__(self, tokenizer, options: RunnerOptions) -> None:
         super().__init__(tokenizer, options)
@@ -77,28 +79,34 @@ class RandomLogitsRunner(ModelRunner):
         self._token_bytes = tokenizer.token_bytes
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        rows = batch.rows
-        n = len(rows)
+        at = logit_positions(batch)
+        n = len(at)
+        if n > self._out.shape[0]:  # drafts: several rows of logits per request
+            self._out = torch.empty((n, self.vocab_rows), dtype=torch.float32, device=self.device)
+            self._index = torch.empty(n, dtype=torch.int64)
         idx = self._index[:n].numpy()
-        for i, r in enumerate(rows):
-            idx[i] = _mix(r.model_seed, len(r.output_ids)) % POOL_ROWS
+        for i, (r, ahead) in enumerate(at):
+            idx[i] = _mix(r.model_seed, len(r.output_ids) + len(ahead)) % POOL_ROWS
         out = self._out[:n]
         torch.index_select(self._pool, 0, self._index[:n].to(self.device), out=out)
-        self._grow_impatient(rows, out)
+        self._grow_impatient(at, out)
         if self._endings:
-            self._lean_to_endings(rows, out)
+            self._lean_to_endings(at, out)
         if self.own.forward_ms > 0:
             time.sleep(self.own.forward_ms / 1000)
         return out
 
+    def rollback(self, row: RunnerRow, k: int) -> None:
+        """Nothing to forget: logits depend on the row's known tokens alone."""
+
     def remove(self, row: RunnerRow) -> None:
         self._since.pop(row.request_id, None)
 
-    def _grow_impatient(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
+    def _grow_impatient(self, at: Sequence[tuple[RunnerRow, Sequence[int]]], out) -> None:
         if self.own.closing_bias <= 0 or not len(self._closers):
             return
-        is_closer, is_special = self._is_closer, self._is_special
-        for i, r in enumerate(rows):
+        is_closer, is_special, digits = self._is_closer, self._is_special, self._digits
+        for i, (r, ahead) in enumerate(at):
             st = self._since.get(r.request_id)
             if st is None:  # tokens seen, since a closer, since a special token, digits
                 st = self._since[r.request_id] = [0, 0, 0, 0]
@@ -106,24 +114,29 @@ class RandomLogitsRunner(ModelRunner):
             for t in ids[st[0] :]:
                 st[1] = 0 if is_closer[t] else st[1] + 1
                 st[2] = 0 if is_special[t] else st[2] + 1
-                st[3] = st[3] + self._digits[t] if self._digits[t] else 0
+                st[3] = st[3] + digits[t] if digits[t] else 0
             st[0] = len(ids)
-            if st[3] > MAX_DIGITS and len(self._digit_tokens):
-                cut = -self.own.closing_bias * (st[3] - MAX_DIGITS)
+            closer, special, run = st[1], st[2], st[3]
+            for t in ahead:  # drafts: counted for this position only
+                closer = 0 if is_closer[t] else closer + 1
+                special = 0 if is_special[t] else special + 1
+                run = run + digits[t] if digits[t] else 0
+            if run > MAX_DIGITS and len(self._digit_tokens):
+                cut = -self.own.closing_bias * (run - MAX_DIGITS)
                 d = self._digit_tokens
                 out[i].index_add_(0, d, torch.full_like(d, cut, dtype=out.dtype))
-            for since, which in ((st[1], self._closers), (st[2], self._special_closers)):
+            for since, which in ((closer, self._closers), (special, self._special_closers)):
                 if since > PATIENCE and len(which):
                     extra = self.own.closing_bias * (since - PATIENCE) / PATIENCE
                     out[i].index_add_(0, which, torch.full_like(which, extra, dtype=out.dtype))
 
-    def _lean_to_endings(self, rows: Sequence[RunnerRow], out: torch.Tensor) -> None:
+    def _lean_to_endings(self, at: Sequence[tuple[RunnerRow, Sequence[int]]], out) -> None:
         ri: list[int] = []
         ti: list[int] = []
         bonus: list[float] = []
         tb = self._token_bytes
-        for i, r in enumerate(rows):
-            tail = b"".join(tb(t) for t in r.output_ids[-8:])
+        for i, (r, ahead) in enumerate(at):
+            tail = b"".join(tb(t) for t in [*r.output_ids[-8:], *ahead][-8:])
             rest = _remainder(self._endings, tail)
             nxt = self._next_of.get(rest) if rest else None
             if nxt is not None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..model_options import ScriptedOptions
-from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow, closing_bias
+from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow, closing_bias, logit_positions
 from .random_logits import POOL_ROWS, _mix
 
 SCRIPT_BONUS = 40.0
@@ -35,6 +35,8 @@ SCRIPT_BONUS = 40.0
 class ScriptedRunner(ModelRunner):
     Options = ScriptedOptions
     own: ScriptedOptions
+    #: drafts get logits as if the row had written them; nothing is held per position
+    multi_token = True
 
     def __init__(self, tokenizer, options: RunnerOptions) -> None:
         super().__init__(tokenizer, options)
@@ -81,13 +83,25 @@ class ScriptedRunner(ModelRunner):
     def remove(self, row: RunnerRow) -> None:
         self._scripts.pop(row.request_id, None)
 
+    def rollback(self, row: RunnerRow, k: int) -> None:
+        """Nothing to forget: logits depend on the row's known tokens alone."""
+
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        rows = batch.rows
-        n = len(rows)
-        idx = torch.tensor([_mix(r.model_seed, len(r.output_ids)) % POOL_ROWS for r in rows])
+        at = logit_positions(batch)
+        n = len(at)
+        if n > self._out.shape[0]:  # drafts: several rows of logits per request
+            self._out = torch.empty((n, self.vocab_rows), dtype=torch.float32, device=self.device)
+        idx = torch.tensor(
+            [_mix(r.model_seed, len(r.output_ids) + len(a)) % POOL_ROWS for r, a in at]
+        )
         out = self._out[:n]
         torch.index_select(self._pool, 0, idx.to(self.device), out=out)
-        want = [self._script(r).want(r.output_ids, self._eos) for r in rows]
+        want = [
+            self._script(r).want(
+                _Ahead(r.output_ids, a) if a else r.output_ids, self._eos, len(r.output_ids)
+            )
+            for r, a in at
+        ]
         out[torch.arange(n, device=self.device), torch.tensor(want, device=self.device)] += (
             SCRIPT_BONUS
         )
@@ -96,10 +110,26 @@ class ScriptedRunner(ModelRunner):
         return out
 
 
+class _Ahead(Sequence[int]):
+    """A row's output followed by draft tokens, without copying the output."""
+
+    __slots__ = ("out", "ahead")
+
+    def __init__(self, out: Sequence[int], ahead: Sequence[int]) -> None:
+        self.out, self.ahead = out, ahead
+
+    def __len__(self) -> int:
+        return len(self.out) + len(self.ahead)
+
+    def __getitem__(self, i):  # int indices only (`_Script.want`)
+        n = len(self.out)
+        return self.out[i] if i < n else self.ahead[i - n]
+
+
 class _Script:
     """One request's script and how far its output follows the script's text."""
 
-    __slots__ = ("ids", "data", "tokenizer", "_starts", "_ends", "_aligned")
+    __slots__ = ("ids", "data", "tokenizer", "_starts", "_ends", "_toks", "_final", "_aligned")
 
     def __init__(self, ids: list[int], tokenizer) -> None:
         self.ids = ids
@@ -114,13 +144,21 @@ class _Script:
         #: per output token: the byte offset after it while the output follows the
         #: script's text (the list stops growing where it leaves it)
         self._ends: list[int] = []
+        #: the token each entry of ``_ends`` was computed for, and how many of them are
+        #: the row's final output (the rest were drafts, which may differ next time)
+        self._toks: list[int] = []
+        self._final = 0
         self._aligned = True
 
-    def want(self, output_ids: Sequence[int], eos: int) -> int:
-        ends, n = self._ends, len(output_ids)
-        if len(ends) > n or (len(ends) == n and not self._aligned):  # rolled back
-            del ends[n:]
-            self._aligned = True
+    def want(self, output_ids: Sequence[int], eos: int, final: int | None = None) -> int:
+        """The token the script wants after ``output_ids``, whose first ``final``
+        tokens (default: all) are the row's output, the rest drafts."""
+        ends, toks, n = self._ends, self._toks, len(output_ids)
+        p, m = self._final, min(len(toks), n)
+        while p < m and toks[p] == output_ids[p]:
+            p += 1
+        del ends[p:], toks[p:]  # what drafts (or rolled back tokens) left
+        self._aligned = True  # found again below, by at most one token
         while self._aligned and len(ends) < n:
             at = ends[-1] if ends else 0
             b = self.tokenizer.token_bytes(output_ids[len(ends)])
@@ -128,6 +166,8 @@ class _Script:
                 self._aligned = False
                 break
             ends.append(at + len(b))
+            toks.append(output_ids[len(toks)])
+        self._final = min(n if final is None else final, len(toks))
         if not self._aligned:
             return self.ids[n] if n < len(self.ids) else eos
         at = ends[-1] if ends else 0

@@ -154,3 +154,15 @@ def test_jump(tmp_path):
         assert on["tokens"] == off["tokens"]  # the scripted calls are the same text
         assert off["ended"] == on["ended"] == 1.0
         assert on["median_passes"] < off["median_passes"], case
+
+
+def test_drafts(tmp_path):
+    out = tmp_path / "drafts.json"
+    args = ["drafts", "--model", "scripted", "--batch", "2", "--rounds", "1", "--warmup", "0"]
+    assert main([*args, "--max-tokens", "48", "--json", str(out)]) == 0
+    got = {(r["grammars"][0], r["extra"]["draft_tokens"]): r["extra"] for r in _records(out)}
+    assert set(got) == {(w, k) for w in ("copy", "nomatch") for k in (0, 4)}
+    off, on = got["copy", 0], got["copy", 4]
+    assert on["tokens_per_request"] == off["tokens_per_request"]  # the same answers
+    assert on["passes"] < off["passes"] and on["acceptance"] > 0.5
+    assert (got["nomatch", 4]["acceptance"] or 0.0) < 0.2  # None: nothing was proposed

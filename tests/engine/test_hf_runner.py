@@ -166,25 +166,28 @@ def test_drafts_give_logits_per_token_and_roll_back(tok, model_dir, reference):
     drafts = [refs[0][3 : 3 + k], wrong, []]
     plan = runner.plan(rows, drafts)
     logits = runner.forward(plan).clone()
-    offsets = plan.logit_offsets().tolist()
-    assert offsets == [0, k + 1, 2 * k + 2, 2 * k + 3]
+    # position by position: each row's first logits, then the rows with drafts, per draft
+    blocks = [b.tolist() for b in plan.logit_blocks()]
+    assert blocks == [[0, 1, 2]] + [[0, 1]] * k
+    at = [[0, *range(3, 3 + 2 * k, 2)], [1, *range(4, 4 + 2 * k, 2)], [2]]
+    assert len(logits) == 3 + 2 * k
     picks = logits.argmax(dim=1).tolist()
-    assert picks[0 : k + 1] == refs[0][3 : 3 + k + 1]  # every draft right, plus the next
-    assert picks[k + 1] == refs[1][3]  # the first is independent of the draft
-    assert picks[2 * k + 2] == refs[2][3]
+    assert [picks[a] for a in at[0]] == refs[0][3 : 3 + k + 1]  # every draft right, + next
+    assert picks[1] == refs[1][3]  # the first is independent of the draft
+    assert picks[2] == refs[2][3]
     # the logits after each draft token are the model's on that very sequence (up to
     # their rounding to float32)
     seq = prompts[1] + refs[1][:3] + wrong
     with torch.inference_mode():
         full = reference(torch.tensor([seq])).logits[0, -k - 1 :].float()
-    assert torch.allclose(logits[k + 1 : 2 * k + 2], full, atol=1e-6, rtol=0)
+    assert torch.allclose(logits[at[1]], full, atol=1e-6, rtol=0)
     # accept as an engine would: row 0 all drafts and the next token, row 1 only the
     # next token (its drafts rolled back)
-    rows[0].output_ids += picks[0 : k + 1]
+    rows[0].output_ids += [picks[a] for a in at[0]]
     runner.rollback(rows[0], 0)
-    rows[1].output_ids.append(picks[k + 1])
+    rows[1].output_ids.append(picks[1])
     runner.rollback(rows[1], k)
-    rows[2].output_ids.append(picks[2 * k + 2])
+    rows[2].output_ids.append(picks[2])
     assert runner.held(rows[1]) == len(prompts[1]) + len(rows[1].output_ids) - 1
     while any(len(r.output_ids) < 16 for r in rows):
         _step(runner, [r for r in rows if len(r.output_ids) < 16])

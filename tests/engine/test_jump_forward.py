@@ -150,7 +150,7 @@ def _cases(base: str):
         yield "[json-answer]", None, None, False, spec, thought + JSON_ANSWER
 
 
-def _core(tmp_path, base: str, *, model: str, jump: bool, **own) -> EngineCore:
+def _core(tmp_path, base: str, *, model: str, jump: bool, drafts: int = 0, **own) -> EngineCore:
     markers = _markers(base)
     tok = load_tokenizer(base).with_special_tokens(markers)
     if model == "scripted":
@@ -166,6 +166,7 @@ def _core(tmp_path, base: str, *, model: str, jump: bool, **own) -> EngineCore:
         reasoning_parser="qwen3" if base == "qwen3" else None,
         max_num_seqs=64,
         jump_forward=jump,
+        draft_tokens=drafts,
         structured_output=StructuredOutputConfig(compile_workers=1, compile_timeout_s=60),
         seed=3,
     )

@@ -7,6 +7,8 @@ unbounded grammar must equal exactly."""
 
 from __future__ import annotations
 
+import codecs
+import itertools
 import json
 import random
 
@@ -16,7 +18,7 @@ import torch
 import xgrammar as xgr
 
 from bench.states import REQUIRED_SCHEMA, TOOLS, WEATHER
-from structured_output import CompileOptions, GrammarSpec, LocalCompiler, lexing
+from structured_output import CompileOptions, GrammarSpec, LocalCompiler, lexing, utf8
 from structured_output.bitmask import BitmaskFiller
 from structured_output.guard import GuardTable
 from structured_output.guide import RequestGuide
@@ -49,13 +51,14 @@ def reference_allows(data: bytes, limit: int, run: int = 0, raw: bool = False) -
     """Whether ``data`` (JSON text from its start, cut anywhere; ``raw``: any text)
     can be a prefix of text in which no run of whitespace outside strings is longer
     than ``limit`` (``run``: whitespace before ``data``), no ``ED`` byte is followed
-    by ``A0..BF`` and no ``\\u`` escape writes a lone surrogate; None for text with
+    by ``A0..BF`` and no ``\\u`` escape writes a lone surrogate; raw text: whether
+    ``data`` is the start of valid UTF-8 (by Python's own decoder); None for text with
     a malformed escape, which no grammar of JSON lets through. Written apart from the
     guard: escapes are read whole, as code units."""
+    if raw:
+        return utf8_prefix(data)
     if any(a == 0xED and 0xA0 <= c <= 0xBF for a, c in zip(data, data[1:], strict=False)):
         return False
-    if raw:
-        return True
     in_str, i, high = False, 0, False
     while i < len(data):
         c = data[i]
@@ -100,9 +103,34 @@ def reference_allows(data: bytes, limit: int, run: int = 0, raw: bool = False) -
     return True
 
 
-def decode_state(table: GuardTable, q: int) -> tuple[int, int, bool]:
-    lex, run = divmod(q >> 1, table.k)
-    return lex, run, bool(q & 1)
+def utf8_prefix(data: bytes) -> bool:
+    """Whether ``data`` is the start of valid UTF-8: it, or it and up to three more
+    continuation bytes, decodes strictly (Python's decoder)."""
+    try:  # refuses what is ill-formed before an incomplete end, not always at the end
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+    except UnicodeDecodeError:
+        return False
+    for k in range(4):
+        for tail in itertools.product(b"\x80\x8f\x90\x9f\xa0\xbf", repeat=k):
+            try:
+                (data + bytes(tail)).decode("utf-8")
+                return True
+            except UnicodeDecodeError:
+                pass
+    return False
+
+
+#: per UTF-8 pending state, bytes that leave a text there
+PENDING = {
+    utf8.DONE: b"",
+    utf8.NEED1: b"\xc3",
+    utf8.NEED2: b"\xe9",
+    utf8.NEED3: b"\xf1",
+    utf8.AFTER_E0: b"\xe0",
+    utf8.AFTER_ED: b"\xed",
+    utf8.AFTER_F0: b"\xf0",
+    utf8.AFTER_F4: b"\xf4",
+}
 
 
 def bit(words: np.ndarray, t: int) -> bool:
@@ -125,8 +153,9 @@ def unbounded(qwen3):
 @pytest.mark.parametrize("limit", LIMITS)
 def test_table_agrees_with_a_byte_lexer(qwen3, compilers, limit):
     """Every token that holds whitespace, a quote, a backslash or a byte of a
-    surrogate's encoding, and a sample of the rest, from every reachable state: the
-    mask and the next state agree with the byte lexer above."""
+    surrogate's encoding, that starts with a continuation byte or is ill-formed UTF-8,
+    and a sample of the rest, from every lexical state and, in raw text, every UTF-8
+    pending state: the mask and the next state agree with the byte lexer above."""
     table = compilers[limit].guard
     tb = qwen3.all_token_bytes
     rng = random.Random(limit)
@@ -138,18 +167,21 @@ def test_table_agrees_with_a_byte_lexer(qwen3, compilers, limit):
         and (
             any(c in b for c in b'\t\n\r"\\\xed')
             or b.count(b" ") > 1
-            or 0xA0 <= b[0] <= 0xBF
+            or 0x80 <= b[0] <= 0xBF
+            or not utf8_prefix(b)
             or b[:1] in HEX_OR_U
         )
     ]
     tokens = interesting + rng.sample(range(len(tb)), 3000)
-    states = [(lexing.OUT, run, False) for run in range(limit + 1)]
-    states += [(lex, 0, False) for lex in PREFIX if lex != lexing.OUT]
-    states += [(lexing.OUT, 0, True), (lexing.STR, 0, True), (lexing.RAW, 0, False)]
-    for lex, run, ed in states:
-        q = ((lex * table.k + run) << 1) | ed
+    states = [(lexing.OUT, run, utf8.DONE) for run in range(limit + 1)]
+    states += [(lex, 0, utf8.DONE) for lex in PREFIX if lex != lexing.OUT]
+    states += [(lexing.OUT, 0, utf8.AFTER_ED), (lexing.STR, 0, utf8.AFTER_ED)]
+    states += [(lexing.RAW, 0, u) for u in PENDING]
+    for lex, run, u in states:
+        q = table.state(lex, run, u)
+        assert table.decode(q) == (lex, run, u)
         words = table.allowed(q)
-        before = PREFIX.get(lex, b"") + (b"\xed" if ed else b"")
+        before = PREFIX.get(lex, b"") + PENDING[u]
         for t in tokens:
             b = tb[t]
             if t in qwen3.special_ids or not b:
@@ -157,9 +189,12 @@ def test_table_agrees_with_a_byte_lexer(qwen3, compilers, limit):
             ok = reference_allows(before + b, limit, run, raw=lex == lexing.RAW)
             if ok is None:
                 continue
-            assert bit(words, t) == ok, (lex, run, ed, b)
+            assert bit(words, t) == ok, (lex, run, u, b)
             if ok:  # the next state: the token's bytes one by one give the same
-                assert table.advance(q, t) == table.advance_bytes(q, b), (lex, run, ed, b)
+                assert table.advance(q, t) == table.advance_bytes(q, b), (lex, run, u, b)
+        # a special token writes a marker, not bytes: never after an incomplete character
+        if lex == lexing.RAW:
+            assert all(bit(words, t) == (u == utf8.DONE) for t in qwen3.special_ids)
 
 
 def _strip_bounds(fmt):
@@ -217,8 +252,8 @@ def test_guarded_masks_equal_xgrammars_bounded_whitespace(qwen3, compilers, unbo
             b.fill_next_token_bitmask(mask, 1)
             ours = np.unpackbits(mask[0].numpy().view(np.uint8), bitorder="little")
             theirs = np.unpackbits(mask[1].numpy().view(np.uint8), bitorder="little").astype(bool)
-            lex = (a.guard_state >> 1) // a.guard.k
-            same = unbounded.allowed((lex << 1) | (a.guard_state & 1))
+            lex, _, pending = a.guard.decode(a.guard_state)
+            same = unbounded.allowed(unbounded.state(lex, 0, pending))
             theirs &= np.unpackbits(same.view(np.uint8), bitorder="little").astype(bool)
             assert np.array_equal(ours.astype(bool), theirs), (name, steps)
             allowed = np.flatnonzero(ours[: qwen3.vocab_rows])
@@ -318,9 +353,9 @@ def test_every_way_of_applying_gives_the_same_rows(compilers, mix):
     reachable = [q for q in np.flatnonzero(table.needs).tolist()]
     rng = np.random.default_rng(len(mix))
     if mix == "alike":
-        states = rng.choice([table.start_json, table.start_json + 2], 48)
+        states = rng.choice([table.start_json, table.start_json + 1], 48)
     elif mix == "some long":
-        states = np.where(rng.random(48) < 0.1, 15 << 1, table.start_json)
+        states = np.where(rng.random(48) < 0.1, table.state(lexing.OUT, 15), table.start_json)
     else:
         states = rng.choice(reachable + [-1], 48)
     view = rng.integers(0, 1 << 32, (64, table.words), dtype=np.uint64).astype(np.uint32)
@@ -374,7 +409,7 @@ def test_no_surrogate_after_a_token_that_ends_with_ed(qwen3, compilers, spec):
     assert starts_hi and not any(bit(words, t) for t in starts_hi)
     assert bit(words, x9e)
     assert m.accept_token(x9e) and m.accept_token(by_bytes[b"\xa3"])
-    assert not m.guard_state & 1  # a whole character: the guard lets go
+    assert m.guard.decode(m.guard_state)[2] == utf8.DONE  # a whole character
 
 
 def test_no_lone_surrogate_escape(qwen3, compilers):
@@ -414,7 +449,7 @@ def test_spaces_inside_strings_are_not_counted(qwen3, compilers):
     for t in qwen3.encode('"' + " " * 40 + "x" + " " * 9):
         assert t in _allowed(qwen3, m)
         assert m.accept_token(t)
-    assert m.guard_state >> 1 == 1 * m.guard.k  # inside the string, no run
+    assert m.guard.decode(m.guard_state) == (lexing.STR, 0, utf8.DONE)  # inside, no run
 
 
 def test_whitespace_the_grammar_requires_goes_through(qwen3, compilers):
@@ -475,4 +510,5 @@ def _allowed(tok, matcher) -> set[int]:
 
 def test_states_start_outside_strings(compilers):
     table = compilers[16].guard
-    assert decode_state(table, table.start_json) == (lexing.OUT, 0, False)
+    assert table.decode(table.start_json) == (lexing.OUT, 0, utf8.DONE)
+    assert table.decode(table.start_raw) == (lexing.RAW, 0, utf8.DONE)

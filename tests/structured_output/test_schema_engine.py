@@ -3,10 +3,10 @@ compile workers, guides, masks): every output that finished is valid against the
 schema as the user gave it; a schema that cannot be met or enforced ends its request
 with an error that names the property or keyword; marker binding fails loudly.
 
-Outputs are read with ``json.loads(..., strict=False)``: raw control characters inside
-strings and bytes that are not UTF-8 are separate defects (issue 13.4: xgrammar's
-length-bounded strings, byte-level tokens), checked where those are fixed; here the
-question is whether the values meet the schema."""
+Outputs must be valid UTF-8 (`tests.support.core_run.Finished.text`), and are read
+with ``json.loads(..., strict=False)``: raw control characters inside strings are a
+separate defect (issue 13.4: xgrammar's length-bounded strings); here the question is
+whether the values meet the schema."""
 
 from __future__ import annotations
 
@@ -69,9 +69,7 @@ def test_contradictory_schemas_give_valid_outputs(core):
         if res.reason != FinishReason.STOP:
             continue
         stopped += 1
-        text = res.text(core.tokenizer)
-        if text is not None:  # not UTF-8: issue 13.4, tested where it is fixed
-            jsonschema.validate(json.loads(text, strict=False), schema)
+        jsonschema.validate(json.loads(res.text(core.tokenizer), strict=False), schema)
     print(f"{stopped}/{len(requests)} finished with stop, all valid")
     assert stopped >= 0.9 * len(requests)
 
@@ -117,9 +115,8 @@ def test_unsupported_keywords_are_refused_or_ignored_on_request(core):
     }
     for res in ignored:
         assert res.reason in (FinishReason.STOP, FinishReason.LENGTH), res.error
-        text = res.text(core.tokenizer)
-        if res.reason == FinishReason.STOP and text is not None:
-            jsonschema.validate(json.loads(text, strict=False), without)
+        if res.reason == FinishReason.STOP:
+            jsonschema.validate(json.loads(res.text(core.tokenizer), strict=False), without)
 
 
 def _tool_call_tag(schema: dict) -> dict:
@@ -155,8 +152,6 @@ def test_json_schemas_inside_structural_tags_are_normalized(core):
             continue
         stopped += 1
         text = res.text(core.tokenizer)
-        if text is None:
-            continue  # not UTF-8: issue 13.4
         assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>"), text
         body = text[len("<tool_call>\n") : -len("\n</tool_call>")]
         jsonschema.validate(json.loads(body, strict=False), schemas[k // 3])

@@ -27,17 +27,26 @@ class Finished:
     def error(self) -> str | None:
         return self.final.error if self.final is not None else None
 
-    def text(self, tokenizer) -> str | None:
-        """The output without its stop token, or None if its bytes are not valid UTF-8
-        (encoded surrogates: issue 13.4, a defect of its own, checked where it is
-        fixed; a test of schema keywords counts those apart)."""
+    def text(self, tokenizer) -> str:
+        """The output without its stop token, decoded strictly: bytes that are not
+        valid UTF-8 fail the test, naming them and the tokens that wrote them."""
         ids = self.token_ids
         if ids and ids[-1] in tokenizer.stop_token_ids:
             ids = ids[:-1]
+        data = tokenizer.decode_bytes(ids)
         try:
-            return tokenizer.decode_bytes(ids).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            at, near = 0, []
+            for t in ids:
+                b = tokenizer.decode_bytes([t])
+                if at + len(b) > e.start - 4 and at < e.end + 4:
+                    near.append((t, b))
+                at += len(b)
+            raise AssertionError(
+                f"output is not UTF-8 ({e.reason} at byte {e.start}): "
+                f"{data[max(0, e.start - 30) : e.end + 10]!r}; tokens there: {near}"
+            ) from None
 
 
 def run_to_end(

@@ -187,3 +187,22 @@ def tool_sets(seed: int, count: int, *, max_tools: int = 8) -> Iterator[list[Fun
     rng = random.Random(seed)
     for _ in range(count):
         yield random_tool_set(rng, max_tools=max_tools)
+
+
+def string_tool_set(rng: random.Random, *, max_tools: int = 3) -> list[FunctionTool]:
+    """1 to ``max_tools`` tools whose parameters are free strings (required or
+    optional, one now and then in a nested object or an array): what a model writes
+    there is any text it likes."""
+    pairs = rng.sample([(v, n) for v in VERBS for n in NOUNS], rng.randint(1, max_tools))
+    tools = []
+    for verb, noun in pairs:
+        names = rng.sample(["text", "query", "note", "title", "body", "city", "path"], 3)
+        props: Schema = {n: {"type": "string"} for n in names[: rng.randint(1, 3)]}
+        if rng.random() < 0.3:
+            props["detail"] = {"type": "object", "properties": {"memo": {"type": "string"}}}
+        if rng.random() < 0.3:
+            props["tags"] = {"type": "array", "items": {"type": "string"}, "maxItems": 3}
+        required = [n for n in props if rng.random() < 0.7]
+        params: Schema = {"type": "object", "properties": props, "required": required}
+        tools.append(FunctionTool(name=f"{verb}_{noun}", parameters=params))
+    return tools
