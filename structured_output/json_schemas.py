@@ -145,6 +145,19 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def json_key(v: Any) -> Any:
+    """A hashable key of a JSON value, equal for values `json_equal` holds equal."""
+    if isinstance(v, bool):
+        return ("b", v)
+    if isinstance(v, int | float):
+        return ("n", v)  # 1 and 1.0 are equal and hash alike
+    if isinstance(v, list):
+        return ("l", tuple(json_key(x) for x in v))
+    if isinstance(v, dict):
+        return ("d", frozenset((k, json_key(x)) for k, x in v.items()))
+    return (type(v).__name__, v)
+
+
 def json_type(v: Any) -> str:
     if v is None:
         return "null"
@@ -447,8 +460,11 @@ class Normalizer:
             except (InvalidSchema, ValueError, TypeError, LookupError) as e:
                 raise self.invalid(dpath, f"cannot check its enum values: {e}") from None
         unique: list[Any] = []
-        for v in kept:
-            if not any(json_equal(v, u) for u in unique):
+        seen: set[Any] = set()
+        for v in kept:  # by a hashable key: a 20,000-member enum is common enough
+            key = json_key(v)
+            if key not in seen:
+                seen.add(key)
                 unique.append(v)
         if unique:
             return {"enum": unique}

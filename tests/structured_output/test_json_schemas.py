@@ -11,11 +11,13 @@ import re
 
 import jsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from frontend.tool_formats import FunctionTool, ToolFormatError
 from frontend.tool_formats.schemas import normalize_tools
 from structured_output import GrammarSpec
-from structured_output.json_schemas import normalize_schema, normalize_spec
+from structured_output.json_schemas import json_equal, json_key, normalize_schema, normalize_spec
 from structured_output.schema_keywords import REFUSED, SchemaError
 from structured_output.schema_regex import (
     PYTHON_SPACE,
@@ -343,3 +345,24 @@ def test_one_of_is_enforced_only_where_its_branches_cannot_overlap():
         normalize_schema(overlapping)
     out = normalize_schema(overlapping, ignore_unsupported=True)
     assert out.ignored == ("oneOf at the root (its branches may overlap, and only one may match)",)
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.sampled_from([0.0, 1.0, 2.5])
+    | st.text("ab"),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("ab"), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(_JSON, _JSON)
+def test_the_enum_dedup_key_agrees_with_json_equality(a, b):
+    assert (json_key(a) == json_key(b)) == json_equal(a, b)
+
+
+def test_an_enum_keeps_its_first_member_of_each_equal_group():
+    got = normalize_schema({"enum": [1, 1.0, True, "1", [1], [1.0], {"a": 1}, {"a": 1.0}, 1]})
+    assert got.schema == {"enum": [1, True, "1", [1], {"a": 1}]}
