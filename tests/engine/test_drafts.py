@@ -49,6 +49,7 @@ from tests.engine.test_jump_forward import (
     THOUGHT,
     _cases,
     _check_output,
+    _core,
     _drain,
     _ending_texts,
     _markers,
@@ -140,26 +141,8 @@ def _all_cases(base: str, quick: bool):
 
 
 def _engine(tmp_path, base: str, cases, *, model: str, jump=False, drafts=0, **own):
-    markers = _markers(base)
-    tok = load_tokenizer(base).with_special_tokens(markers)
-    if model == "scripted":
-        rules = [{"match": c[0], "output": c[5]} for c in cases]
-        path = tmp_path / f"script-{base}.json"
-        path.write_text(json.dumps({"rules": rules, "default": ""}))
-        own = {"script": str(path)}
-    config = EngineConfig(
-        model=model,
-        tokenizer=base,
-        extra_special_tokens=tuple(markers),
-        runner_options=own,
-        reasoning_parser="qwen3" if base == "qwen3" else None,
-        max_num_seqs=64,
-        jump_forward=jump,
-        draft_tokens=drafts,
-        structured_output=StructuredOutputConfig(compile_workers=1, compile_timeout_s=60),
-        seed=3,
-    )
-    return EngineCore(config, tok)
+    script = [(c[0], c[5]) for c in cases]
+    return _core(tmp_path, base, model=model, jump=jump, drafts=drafts, script=script, **own)
 
 
 def _submit(core: EngineCore, cases, thinking: bool, max_tokens=160, **sampling) -> None:

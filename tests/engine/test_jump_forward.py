@@ -150,11 +150,17 @@ def _cases(base: str):
         yield "[json-answer]", None, None, False, spec, thought + JSON_ANSWER
 
 
-def _core(tmp_path, base: str, *, model: str, jump: bool, drafts: int = 0, **own) -> EngineCore:
+def _core(
+    tmp_path, base: str, *, model: str, jump: bool, drafts: int = 0, script=None, **own
+) -> EngineCore:
+    """An engine on ``base``; the scripted model writes ``out`` when ``tag`` is in the
+    prompt, for each ``(tag, out)`` of ``script`` (this file's `_cases` by default)."""
     markers = _markers(base)
     tok = load_tokenizer(base).with_special_tokens(markers)
     if model == "scripted":
-        rules = [{"match": tag, "output": out} for tag, *_, out in _cases(base)]
+        if script is None:
+            script = [(tag, out) for tag, *_, out in _cases(base)]
+        rules = [{"match": tag, "output": out} for tag, out in script]
         path = tmp_path / f"script-{base}.json"
         path.write_text(json.dumps({"rules": rules, "default": ""}))
         own = {"script": str(path)}
