@@ -6,10 +6,28 @@ server. See bench/README.md."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 
 from .names import GRAMMARS, LOGITS, MIXES, VOCABS
+
+#: each bench and the module that runs it: ``run(args)`` gives its records; its
+#: ``table(records)`` and ``plot(records, path)``, where it has them, show them
+MODULES = {
+    "fill": "fill",
+    "apply": "apply",
+    "sample": "sampling",
+    "e2e": "e2e",
+    "throughput": "throughput",
+    "jump": "jump",
+    "drafts": "drafts",
+    "latency": "latency",
+    "http": "http_api",
+    "startup": "startup",
+}
+#: benches of an engine line against a baseline line per size (`pair_table`, `pair_plot`)
+PAIRED = ("fill", "apply")
 
 
 def _ints(text: str) -> list[int]:
@@ -309,71 +327,18 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
-    if args.bench == "http":
-        from . import http_api
-
-        records = http_api.run(args)
-        print(http_api.table(records))
-        if args.plot:
-            http_api.plot(records, args.plot)
-    elif args.bench == "startup":
-        from . import startup
-
-        records = startup.run(args)
-        print(startup.table(records))
-    elif args.bench == "latency":
-        from . import latency
-
-        records = latency.run(args)
-        if args.plot:
-            latency.plot(records, args.plot)
-    elif args.bench == "sample":
-        from . import sampling
-
-        records = sampling.run(args)
-        print(sampling.table(records))
-    elif args.bench == "e2e":
-        from . import e2e
-
-        records = e2e.run(args)
-        print(e2e.table(records))
-        if args.plot:
-            e2e.plot(records, args.plot)
-    elif args.bench == "throughput":
-        from . import throughput
-
-        records = throughput.run(args)
-        print(throughput.table(records))
-        if args.plot:
-            throughput.plot(records, args.plot)
-    elif args.bench == "jump":
-        from . import jump
-
-        records = jump.run(args)
-        print(jump.table(records))
-    elif args.bench == "drafts":
-        from . import drafts
-
-        records = drafts.run(args)
-        print(drafts.table(records))
-    elif args.bench == "fill" and args.peer_python:
-        from .peer import run, table
-
-        records = run(args)
+    name = "peer" if args.bench == "fill" and args.peer_python else MODULES[args.bench]
+    module = importlib.import_module(f".{name}", __package__)
+    records = module.run(args)
+    table = getattr(module, "table", pair_table if name in PAIRED else None)
+    if table is not None:
         print(table(records))
-    else:
-        if args.bench == "fill":
-            from .fill import run, table
-        else:
-            from .apply import run
-
-            table = pair_table
-        records = run(args)
-        print(table(records))
-        if args.plot:
-            pair_plot(
-                records, args.plot, f"bench {args.bench}: per step, {', '.join(args.grammars)}"
-            )
+    if args.plot:
+        if name in PAIRED:
+            title = f"bench {args.bench}: per step, {', '.join(args.grammars)}"
+            pair_plot(records, args.plot, title)
+        elif hasattr(module, "plot"):
+            module.plot(records, args.plot)
     if args.json:
         write_json(args.json, records)
     print(f"({time.perf_counter() - t0:.1f} s)")
