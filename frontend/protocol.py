@@ -179,15 +179,46 @@ class StreamOptions(_In):
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
 
-class ChatCompletionRequest(_In):
+class _Generation(_In):
+    """The sampling, stopping and bookkeeping fields both APIs take, the same way."""
+
+    min_tokens: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    #: 0 or -1: off
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    echo: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    #: 1.0 only (no penalty)
+    repetition_penalty: float = 1.0
+    #: 0 only
+    min_p: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParam | None = None
+    user: str | None = None
+    request_id: str | None = None
+    #: OpenAI's bookkeeping fields, accepted and not used
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class ChatCompletionRequest(_Generation, kw_only=True):
     messages: list[Message]
     model: str | None = None
     tools: list[ToolParam] | None = None
     #: None: "auto" when there are tools, else "none"
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputsParam | None = None
     #: JSON schemas (response_format, structured_outputs, tool parameters): leave out
     #: the keywords the grammar cannot enforce instead of refusing the request; the
     #: response states which were left out
@@ -201,39 +232,13 @@ class ChatCompletionRequest(_In):
     thinking_token_budget: int | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    min_tokens: int = 0
-    temperature: float | None = None
-    top_p: float | None = None
-    #: 0 or -1: off
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: int = 1
     #: each answer token's log-probability (and ``top_logprobs`` alternatives); the
     #: thinking's tokens are left out with the thinking (``include_reasoning: false``)
     logprobs: bool = False
     top_logprobs: int | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    #: 1.0 only (no penalty)
-    repetition_penalty: float = 1.0
-    #: 0 only
-    min_p: float = 0.0
-    logit_bias: dict[str, float] | None = None
     #: True only: the prompt ends where the assistant's message begins
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    echo: bool = False
-    user: str | None = None
-    request_id: str | None = None
-    #: OpenAI's bookkeeping fields, accepted and not used
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
 
 
 # ----- responses -------------------------------------------------------------------
@@ -370,7 +375,7 @@ class ErrorResponse(_Out):
 # ----- the completions API (a raw prompt) -----------------------------------------
 
 
-class CompletionRequest(_In):
+class CompletionRequest(_Generation, kw_only=True):
     """``POST /v1/completions``: one prompt (text, or token ids) continued as it is; no
     chat template, no reasoning split, no tool calls."""
 
@@ -378,34 +383,10 @@ class CompletionRequest(_In):
     model: str | None = None
     #: OpenAI's default
     max_tokens: int | None = 16
-    min_tokens: int = 0
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: int = 1
     best_of: int | None = None
     #: the log-probabilities of each token and of this many alternatives
     logprobs: int | None = None
-    echo: bool = False
     suffix: str | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_p: float = 0.0
-    logit_bias: dict[str, float] | None = None
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputsParam | None = None
-    user: str | None = None
-    request_id: str | None = None
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
 
 
 class CompletionLogprobs(_Out):
