@@ -22,6 +22,7 @@ from frontend.config import ConfigError
 from frontend.protocol import ChatCompletion, ChatCompletionChunk, ErrorResponse
 from frontend.validation import RequestError
 from ipc import FinishReason
+from tests.support.weather import SCHEMAS, TOOLS, call
 from tokenization import load_tokenizer
 
 TOK = load_tokenizer("qwen3")
@@ -29,31 +30,6 @@ PLUGIN = str(Path(__file__).with_name("toy_format.py"))
 FORMAT = "hermes"
 
 
-def call(name: str, arguments: dict) -> str:
-    """One call as the model writes it in hermes' syntax."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
-WEATHER_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city"],
-    "additionalProperties": False,
-}
-TIME_SCHEMA = {
-    "type": "object",
-    "properties": {"tz": {"type": "string", "maxLength": 30}},
-    "required": ["tz"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}},
-    {"type": "function", "function": {"name": "get_time", "parameters": TIME_SCHEMA}},
-]
-SCHEMAS = {"get_weather": WEATHER_SCHEMA, "get_time": TIME_SCHEMA}
 ANSWER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}},

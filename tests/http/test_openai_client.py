@@ -23,39 +23,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.http_server import Server
+from tests.support.weather import SCHEMAS, TOOLS, call
 
 KEY = "test-key-123"
 MODEL = "thinkgate-test"
-
-
-def call(name: str, arguments: dict) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def think(text: str) -> str:
     return f"<think>\n{text}\n</think>\n\n"
 
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city"],
-    "additionalProperties": False,
-}
-TIME = {
-    "type": "object",
-    "properties": {"tz": {"type": "string", "maxLength": 30}},
-    "required": ["tz"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
-]
-SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 FORECAST = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "high_c": {"type": "integer"}},
