@@ -9,18 +9,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-OURS = {
-    "registry",
-    "tokenization",
-    "ipc",
-    "reasoning",
-    "structured_output",
-    "engine_core",
-    "frontend",
-    "thinkgate",
-    "bench",
-}
+from tests.support.processes import PACKAGES, ROOT
+
+OURS = {*PACKAGES, "bench"}
 #: importable by every package: it imports nothing of ours
 BOTTOM = {"registry"}
 ALLOWED = {

@@ -14,6 +14,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the project's packages, bottom of the import graph first (bench, which measures
+#: them, and the tests excluded)
+PACKAGES = (
+    "registry",
+    "tokenization",
+    "ipc",
+    "reasoning",
+    "structured_output",
+    "engine_core",
+    "frontend",
+    "thinkgate",
+)
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

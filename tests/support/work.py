@@ -14,22 +14,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .processes import ROOT
+from .processes import PACKAGES, ROOT
 
-#: the project's packages (tests and bench excluded)
-_OURS = tuple(
-    str(ROOT / p) + "/"
-    for p in (
-        "registry",
-        "tokenization",
-        "ipc",
-        "reasoning",
-        "structured_output",
-        "engine_core",
-        "frontend",
-        "thinkgate",
-    )
-)
+_OURS = tuple(str(ROOT / p) + "/" for p in PACKAGES)
 
 
 def lines_run(fn: Callable[[], Any]) -> int:
