@@ -128,7 +128,12 @@ class EngineCore:
         self.model_stop_ids = tuple(tokenizer.stop_token_ids)
         #: the forced text's tokens, with jump forward on
         self.forced = (
-            ForcedTokens(lambda s: tokenizer.encode(s, special=False), tokenizer.all_token_bytes)
+            ForcedTokens(
+                lambda s: tokenizer.encode(s, special=False),
+                tokenizer.all_token_bytes,
+                tokenizer.vocab_rows,
+                tokenizer.special_ids,
+            )
             if config.jump_forward
             else None
         )

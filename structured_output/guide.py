@@ -62,6 +62,7 @@ class RequestGuide:
         "_tentative",
         "_layout",
         "_forced",
+        "_probe",
         "__weakref__",
     )
 
@@ -85,6 +86,10 @@ class RequestGuide:
         #: the tracker may still read the next token as layout
         self._layout = False
         self._forced: list[int] = []
+        #: whether `jump_forward` should also see if the grammar allows one token alone
+        #: (a marker xgrammar's forced text stops before): at the answer's start, and
+        #: after a jump that wrote the whole forced text
+        self._probe = True
         #: ids never allowed while thinking (when there is a grammar): implicit ends
         #: the grammar would reject, and the stop tokens
         self.banned: tuple[int, ...] = ()
@@ -141,16 +146,49 @@ class RequestGuide:
         """The tokens (at most ``limit``) the grammar forces next, split as the model's
         tokenizer splits them (`jump_forward.py`), fed to the matcher as if sampled; the
         caller appends them to the output. Empty when nothing is forced. Call only
-        where `can_jump` holds, after the last token was fed."""
+        where `can_jump` holds, after the last token was fed.
+
+        Forced text stops before a token-level element (a family's marker). Where the
+        grammar then allows a single token, and only at the answer's start or right
+        after forced text that was written whole (so not on every step of free text),
+        the matcher's mask for that one row says which: that token is appended too
+        (never one that ends the grammar: the stop is left to the model's own step),
+        and the forced text after it."""
         m = self.matcher
         assert m is not None
-        text = m.find_jump_forward_string() if limit > 0 else ""
-        if not text:
-            return []
-        ids = forced(text)[:limit]
-        for i, t in enumerate(ids):
-            if not m.accept_token(t):
-                return ids[:i]
+        ids: list[int] = []
+        probe, self._probe = self._probe, False
+        while len(ids) < limit:
+            text = m.find_jump_forward_string()
+            if text:
+                whole = forced.encode(text)
+                step = forced(text, whole)[: limit - len(ids)]
+                for t in step:
+                    if not m.accept_token(t):
+                        return ids
+                    ids.append(t)
+                if not forced.writes_all(step, text):
+                    # The end of the text is held back in case what follows merges with
+                    # it; nothing merges across a marker, so where the grammar allows
+                    # a marker alone after the whole text, the rest and the marker go.
+                    rest = whole[len(step) :]
+                    if len(ids) + len(rest) >= limit or not _accept_all(m, rest):
+                        return ids
+                    t = forced.single_allowed(m)
+                    if t is None or not forced.is_marker(t) or not _accept_ending(m, t):
+                        m.rollback(len(rest))
+                        return ids
+                    ids += rest
+                    ids.append(t)
+                    continue
+                probe = True
+            if not probe or len(ids) >= limit:
+                return ids
+            probe = False
+            t = forced.single_allowed(m)
+            if t is None or not _accept_ending(m, t):
+                return ids
+            ids.append(t)
         return ids
 
     @property
@@ -242,3 +280,23 @@ def _starts_with(matcher: xgr.GrammarMatcher, token_id: int) -> bool:
         matcher.rollback(1)
         return True
     return False
+
+
+def _accept_all(m: xgr.GrammarMatcher, ids: Sequence[int]) -> bool:
+    """Feed ``ids``; where one is refused, undo those fed and say False."""
+    for n, t in enumerate(ids):
+        if not m.accept_token(t):
+            m.rollback(n)
+            return False
+    return True
+
+
+def _accept_ending(m: xgr.GrammarMatcher, t: int) -> bool:
+    """Feed ``t`` unless it is refused or ends the grammar (a stop is left to the
+    model's own step)."""
+    if not m.accept_token(t):
+        return False
+    if m.is_terminated():
+        m.rollback(1)
+        return False
+    return True

@@ -23,7 +23,10 @@ how a BPE tokenizer splits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import numpy as np
 
 #: character classes of the chunk rule: letters, digits, whitespace, anything else
 _LETTER, _DIGIT, _SPACE, _OTHER = 0, 1, 2, 3
@@ -72,16 +75,38 @@ class ForcedTokens:
     ``encode`` encodes ordinary text (no special tokens); ``token_bytes`` gives each
     id's bytes."""
 
-    def __init__(self, encode: Callable[[str], list[int]], token_bytes: Sequence[bytes]) -> None:
+    def __init__(
+        self,
+        encode: Callable[[str], list[int]],
+        token_bytes: Sequence[bytes],
+        vocab_rows: int | None = None,
+        marker_ids: Collection[int] = (),
+    ) -> None:
         self._encode = encode
         self._bytes = token_bytes
+        #: the vocabulary's special tokens: ordinary text never merges across one
+        self._markers = frozenset(marker_ids)
+        self.vocab_rows = len(token_bytes) if vocab_rows is None else vocab_rows
+        #: one row of bitmask for `single_allowed` (made on first use)
+        self._row: Any = None
 
-    def __call__(self, text: str) -> list[int]:
-        """The ids that write a safe prefix of ``text`` (maybe none)."""
-        cut = text.find("\x00")  # a sealed marker (never expected: xgrammar stops before)
+    def encode(self, text: str) -> list[int]:
+        """The tokenizer's ids of ``text`` (ordinary text: a sealed marker, never
+        expected since xgrammar stops before one, ends it)."""
+        cut = text.find("\x00")
+        return self._encode(text[:cut] if cut >= 0 else text)
+
+    def is_marker(self, token_id: int) -> bool:
+        return token_id in self._markers
+
+    def __call__(self, text: str, ids: list[int] | None = None) -> list[int]:
+        """The ids that write a safe prefix of ``text`` (maybe none); ``ids``: its
+        `encode`, where the caller has it."""
+        cut = text.find("\x00")
         if cut >= 0:
             text = text[:cut]
-        ids = self._encode(text)
+        if ids is None:
+            ids = self._encode(text)
         ends: list[int] = []
         at = 0
         for t in ids:
@@ -96,6 +121,29 @@ class ForcedTokens:
             if n:
                 return ids[:n]
         return []
+
+    def writes_all(self, ids: Sequence[int], text: str) -> bool:
+        """Whether ``ids`` (a prefix of ``text``'s tokens) write the whole of it."""
+        return sum(len(self._bytes[t]) for t in ids) == len(text.encode("utf-8"))
+
+    def single_allowed(self, matcher: Any) -> int | None:
+        """The one token ``matcher``'s grammar allows next, if it allows exactly one
+        (one row's mask, filled and read here: call only where that is likely)."""
+        import torch
+
+        if self._row is None:
+            self._row = torch.zeros((1, (self.vocab_rows + 31) // 32), dtype=torch.int32)
+        row = self._row
+        matcher.fill_next_token_bitmask(row, 0)
+        words = row.numpy()[0].view(np.uint32)
+        nonzero = np.flatnonzero(words)
+        if len(nonzero) != 1:
+            return None
+        w = int(words[nonzero[0]])
+        if w & (w - 1):
+            return None
+        t = int(nonzero[0]) * 32 + w.bit_length() - 1
+        return t if t < self.vocab_rows else None
 
 
 def _count_to(ends: list[int], want: int) -> int:
