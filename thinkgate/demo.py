@@ -287,7 +287,7 @@ async def _demo(args: argparse.Namespace) -> int:
                 model=args.model,
                 reasoning_parser="qwen3",
                 device=args.device,
-                structured_output=StructuredOutputConfig(compile_workers=1),
+                structured_output=StructuredOutputConfig(compile_workers=0),
                 log_level="WARNING",
             )
         else:
@@ -306,7 +306,7 @@ async def _demo(args: argparse.Namespace) -> int:
                 runner_options={"script": script},
                 reasoning_parser="qwen3",
                 device="cpu",
-                structured_output=StructuredOutputConfig(compile_workers=1),
+                structured_output=StructuredOutputConfig(compile_workers=0),
                 log_level="WARNING",
             )
         ticker = asyncio.ensure_future(_still_starting(started))

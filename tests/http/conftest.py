@@ -18,7 +18,7 @@ README_FLAGS = [
 
 @pytest.fixture(scope="session")
 def random_server():
-    s = Server([*README_FLAGS, "--device", "cpu"])
+    s = Server([*README_FLAGS, "--device", "cpu", "--compile-workers", "0"])
     yield s
     assert s.stop() == 0, s.output
     assert not _alive(s.engine_pid), "the engine outlived the server that started it"

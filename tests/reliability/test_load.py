@@ -96,6 +96,8 @@ def served(tmp_path_factory):
             str(CONCURRENCY),
             "--seed",
             "41",
+            "--compile-workers",
+            "0",
         ],
         tmp_path_factory,
         "load",
