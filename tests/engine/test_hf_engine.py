@@ -96,7 +96,7 @@ def served(request, tmp_path_factory):
         dtype="float64",
         max_num_seqs=4,
         max_num_batched_tokens=16,
-        structured_output=StructuredOutputConfig(compile_workers=0),
+        structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
     )
     h = EngineHarness(config)
     yield h, path
@@ -177,7 +177,7 @@ def own_tokenizer(tmp_path_factory):
             model=str(path),
             reasoning_parser="qwen3",
             device="cpu",
-            structured_output=StructuredOutputConfig(compile_workers=0),
+            structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
         )
     )
     yield h, path

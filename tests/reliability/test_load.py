@@ -98,6 +98,8 @@ def served(tmp_path_factory):
             "41",
             "--compile-workers",
             "0",
+            "--compile-timeout-s",
+            "60",
         ],
         tmp_path_factory,
         "load",
