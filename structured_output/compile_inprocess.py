@@ -28,6 +28,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+class PastDeadline(Exception):
+    """The deadline of `InProcessCompiles.run` came before its call's result."""
+
+
 class InProcessCompiles:
     """Calls run on threads of their own, each awaited by its caller until a deadline."""
 
@@ -54,7 +58,7 @@ class InProcessCompiles:
 
     def run(self, call: Callable[[], T], deadline: float, on_wait: Callable[[], None]) -> T:
         """``call()``'s result, or what it raised, if it comes by ``deadline`` (a
-        `time.monotonic` time). `TimeoutError` when the deadline comes first, the wait
+        `time.monotonic` time). `PastDeadline` when the deadline comes first, the wait
         for a free slot included: the call runs on and its result is dropped.
         `GrammarError` once `close` is called. ``on_wait`` is called every
         ``progress_s`` while the call runs."""
@@ -63,7 +67,7 @@ class InProcessCompiles:
             while not self._closed and self._running >= self.max_running:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError
+                    raise PastDeadline
                 self._cond.wait(left)
             if self._closed:
                 raise _closing()
@@ -90,7 +94,7 @@ class InProcessCompiles:
                 now = time.monotonic()
                 if now >= deadline:
                     self._overrunning.add(box)
-                    raise TimeoutError
+                    raise PastDeadline
             if now >= report:
                 on_wait()
                 report += self.progress_s

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .compile_inprocess import InProcessCompiles
+from .compile_inprocess import InProcessCompiles, PastDeadline
 from .compile_worker import CompileJob, CompileReply, WorkerInit, read_frame, write_frame
 from .specs import (
     Compiled,
@@ -452,7 +452,7 @@ class CompileService:
                 began + self.timeout_s,
                 lambda: self._still_compiling(job, began),
             )
-        except TimeoutError:
+        except PastDeadline:
             self.num_timeouts += 1
             log.warning(
                 "a %s of %d bytes passed the compile time limit of %g s; it runs on in "
