@@ -135,9 +135,9 @@ def test_in_process_a_call_past_its_deadline_runs_on_and_is_dropped():
     waits: list[float] = []
     t0 = time.monotonic()
     with pytest.raises(PastDeadline):
-        calls.run(_blocked(gate, 1), t0 + 0.3, lambda: waits.append(time.monotonic()))
-    assert time.monotonic() - t0 >= 0.3
-    assert len(waits) >= 2  # the wait was reported while it lasted
+        calls.run(_blocked(gate, 1), t0 + 1.0, lambda: waits.append(time.monotonic()))
+    assert time.monotonic() - t0 >= 1.0
+    assert len(waits) >= 2  # the wait was reported while it lasted (every 0.05 s)
     assert calls.num_running == 1 and calls.num_overrunning == 1
     # one slot is left: the next call runs at once
     assert calls.run(lambda: 2, time.monotonic() + 30, lambda: None) == 2
