@@ -7,6 +7,11 @@ that outlives its time limit has its worker killed and replaced; the request get
 within the bounds is compiled again here, on the dispatcher thread (xgrammar releases
 the GIL while compiling): that is cheaper than carrying the compiled form across
 (see `compile_worker`).
+
+With no workers (``num_workers=0``) each spec is compiled once, here, on a thread
+watched by a dispatcher (`compile_inprocess`): the same checks, limits, messages,
+cache and sharing, without the workers' start-up (each imports torch and xgrammar)
+and without their isolation.
 """
 
 from __future__ import annotations
@@ -28,8 +33,17 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from .compile_inprocess import InProcessCompiles, PastDeadline
 from .compile_worker import CompileJob, CompileReply, WorkerInit, read_frame, write_frame
-from .specs import CompileOptions, GrammarError, GrammarSpec, check_spec, compile_constraint
+from .specs import (
+    Compiled,
+    CompileOptions,
+    GrammarError,
+    GrammarSpec,
+    check_spec,
+    compile_bounded,
+    compile_constraint,
+)
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -40,6 +54,11 @@ log = logging.getLogger(__name__)
 
 #: a compile still under way is reported this often, in seconds
 PROGRESS_S = 5.0
+#: with no workers: dispatcher threads, each watching one compile at a time (so that
+#: one slow spec does not hold up the others), and the most compiles running at once,
+#: those past their time limit (which cannot be stopped) included
+IN_PROCESS_THREADS = 2
+IN_PROCESS_MAX_RUNNING = 4
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -154,7 +173,8 @@ class _Worker:
 
 
 class CompileService:
-    """Asynchronous, cached, time-limited grammar compilation."""
+    """Asynchronous, cached, time-limited grammar compilation, in ``num_workers``
+    worker processes, or in this process with 0."""
 
     def __init__(
         self,
@@ -169,27 +189,30 @@ class CompileService:
         max_compiled_bytes: int = 256 << 20,
         worker_start_timeout_s: float = 120.0,
     ) -> None:
+        if num_workers < 0:
+            raise ValueError(f"--compile-workers must be 0 or more, not {num_workers}")
         self.options = options
+        #: worker processes (0: compiles run in this process)
+        self.num_workers = num_workers
         self.timeout_s = timeout_s
+        self._max_compiled_bytes = max_compiled_bytes
+        #: with no workers, the compiles run here
+        self._in_process = (
+            InProcessCompiles(IN_PROCESS_MAX_RUNNING, PROGRESS_S) if num_workers == 0 else None
+        )
         self.cache = GrammarCache(cache_bytes)
         #: the vocabulary compiled grammars are loaded against (may still be building:
         #: the first grammar that comes back waits for it)
         self._info = tokenizer_info
         self._specials = dict(tokenizer.special_tokens)
-        #: this process's compiler, made when the first spec passes its worker
+        #: this process's compiler, made when the first spec passes its worker (with no
+        #: workers: when the first spec is compiled)
         self._compiler: xgr.GrammarCompiler | None = None
         self._compiler_lock = threading.Lock()
-        self._init = msgspec.msgpack.encode(
-            WorkerInit(
-                token_bytes=list(tokenizer.all_token_bytes),
-                vocab_rows=tokenizer.vocab_rows,
-                stop_token_ids=list(tokenizer.stop_token_ids),
-                special_tokens=dict(tokenizer.special_tokens),
-                max_whitespace=options.max_whitespace,
-                max_spec_bytes=options.max_spec_bytes,
-                memory_limit_bytes=worker_memory_bytes,
-                max_compiled_bytes=max_compiled_bytes,
-            )
+        self._init = (
+            b""
+            if num_workers == 0
+            else _worker_init(tokenizer, options, worker_memory_bytes, max_compiled_bytes)
         )
         self._start_timeout_s = worker_start_timeout_s
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -208,7 +231,7 @@ class CompileService:
         self.num_cache_hits = 0
         self._threads = [
             threading.Thread(target=self._dispatch, name=f"thinkgate-compile-{i}", daemon=True)
-            for i in range(max(1, num_workers))
+            for i in range(num_workers or IN_PROCESS_THREADS)
         ]
         for t in self._threads:
             t.start()
@@ -256,12 +279,15 @@ class CompileService:
     def close(self, timeout_s: float = 2.0) -> None:
         """Stop at once: the workers are killed (a compile under way fails its
         requests; a worker still starting does not finish), and the dispatchers end.
-        Waits up to ``timeout_s`` for them."""
+        Waits up to ``timeout_s`` for them. With no workers, a compile under way fails
+        its requests too, and runs on to its end on its daemon thread."""
         with self._lock:
             self._closed = True
             workers = list(self._workers)
         for _ in self._threads:
             self._jobs.put(None)
+        if self._in_process is not None:
+            self._in_process.close()
         for w in workers:
             w.proc.kill()  # its dispatcher's read returns; the dispatcher reaps it
         deadline = time.monotonic() + timeout_s
@@ -374,19 +400,13 @@ class CompileService:
             ready, _, _ = select.select([worker.stdout], [], [], min(left, PROGRESS_S))
             if ready:
                 return worker.read(0)
-            log.info(
-                "still compiling a %s of %d bytes after %.0f s (time limit %g s)",
-                job.spec.kind.value,
-                len(job.spec.value),
-                time.monotonic() - began,
-                self.timeout_s,
-            )
+            self._still_compiling(job, began)
 
     def _dispatch(self) -> None:
         worker: _Worker | None = None
         try:
             while True:
-                if worker is None and not self._closed:
+                if worker is None and self._in_process is None and not self._closed:
                     worker = self._start_worker()
                 job = self._jobs.get()
                 if job is None:
@@ -394,7 +414,10 @@ class CompileService:
                 if not job.future.set_running_or_notify_cancel():
                     continue  # released by every request that wanted it
                 try:
-                    worker = self._run(worker, job)
+                    if self._in_process is not None:
+                        self._run_here(self._in_process, job)
+                    else:
+                        worker = self._run(worker, job)
                 except Exception as e:
                     # Nothing may end this thread: the requests of every later job would
                     # wait for ever. This job fails; its worker, in an unknown state, goes.
@@ -417,10 +440,59 @@ class CompileService:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._compiler
 
-    def _run(self, worker: _Worker | None, job: _Job) -> _Worker | None:
-        """Compile ``job`` and settle its future; returns the worker to use next."""
+    def _run_here(self, compiles: InProcessCompiles, job: _Job) -> None:
+        """Compile ``job`` in this process and settle its future."""
+        compiler = self._local_compiler()
+        began = time.monotonic()
+        try:
+            compiled = compiles.run(
+                lambda: compile_bounded(
+                    compiler, job.spec, self.options, self._specials, self._max_compiled_bytes
+                ),
+                began + self.timeout_s,
+                lambda: self._still_compiling(job, began),
+            )
+        except PastDeadline:
+            self.num_timeouts += 1
+            log.warning(
+                "a %s of %d bytes passed the compile time limit of %g s; it runs on in "
+                "this process (it cannot be stopped) and its grammar will be dropped "
+                "(%d such compiles running)",
+                job.spec.kind.value,
+                len(job.spec.value),
+                self.timeout_s,
+                compiles.num_overrunning,
+            )
+            self._finish(job, None, self._over_time(job))
+        except GrammarError as e:
+            self._finish(job, None, str(e))
+        else:
+            self._finish_compiled(job, compiled, began)
+
+    def _over_time(self, job: _Job) -> str:
+        return f"{job.spec.kind.value} compilation exceeded the time limit of {self.timeout_s:g} s"
+
+    def _still_compiling(self, job: _Job, began: float) -> None:
+        log.info(
+            "still compiling a %s of %d bytes after %.0f s (time limit %g s)",
+            job.spec.kind.value,
+            len(job.spec.value),
+            time.monotonic() - began,
+            self.timeout_s,
+        )
+
+    def _finish_compiled(self, job: _Job, compiled: Compiled, began: float) -> None:
         from .guard import GuardedGrammar
 
+        grammar = GuardedGrammar.wrap(compiled.grammar, compiled.json_text)
+        took = time.monotonic() - began
+        if took >= PROGRESS_S:
+            log.info("compiled a %s in %.1f s", job.spec.kind.value, took)
+        self._finish(job, grammar, None, took)
+
+    def _run(self, worker: _Worker | None, job: _Job) -> _Worker | None:
+        """Compile ``job`` in a worker, then here, and settle its future; returns the
+        worker to use next."""
         if worker is not None and worker.proc.poll() is not None:
             # it died idle (killed, say): that is no fault of this job's
             log.warning(
@@ -441,10 +513,7 @@ class CompileService:
         if reply is None:
             if time.monotonic() >= deadline:
                 self.num_timeouts += 1
-                msg = (
-                    f"{job.spec.kind.value} compilation exceeded the time limit of "
-                    f"{self.timeout_s:g} s"
-                )
+                msg = self._over_time(job)
             else:
                 msg = f"the grammar compiler failed on this {job.spec.kind.value}"
             self._finish(job, None, msg)
@@ -458,12 +527,26 @@ class CompileService:
             except GrammarError as e:  # it compiled in the worker: this is not expected
                 self._finish(job, None, str(e))
             else:
-                grammar = GuardedGrammar.wrap(compiled.grammar, compiled.json_text)
-                took = time.monotonic() - began
-                if took >= PROGRESS_S:
-                    log.info("compiled a %s in %.1f s", job.spec.kind.value, took)
-                self._finish(job, grammar, None, took)
+                self._finish_compiled(job, compiled, began)
         return worker
+
+
+def _worker_init(
+    tokenizer: Tokenizer, options: CompileOptions, memory_bytes: int, max_compiled_bytes: int
+) -> bytes:
+    """What every worker is started with, encoded."""
+    return msgspec.msgpack.encode(
+        WorkerInit(
+            token_bytes=list(tokenizer.all_token_bytes),
+            vocab_rows=tokenizer.vocab_rows,
+            stop_token_ids=list(tokenizer.stop_token_ids),
+            special_tokens=dict(tokenizer.special_tokens),
+            max_whitespace=options.max_whitespace,
+            max_spec_bytes=options.max_spec_bytes,
+            memory_limit_bytes=memory_bytes,
+            max_compiled_bytes=max_compiled_bytes,
+        )
+    )
 
 
 def _done(grammar: xgr.CompiledGrammar) -> Future[xgr.CompiledGrammar]:

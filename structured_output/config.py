@@ -27,9 +27,19 @@ class StructuredOutputConfig:
     max_spec_bytes: int = _opt(
         1 << 20, "the largest structured-output spec accepted, in bytes of its text"
     )
-    compile_workers: int = _opt(2, "grammar compile worker processes")
+    compile_workers: int = _opt(
+        2,
+        "grammar compile worker processes, which check each grammar within the time and "
+        "memory limits before the engine compiles it again; 0: compile in the engine "
+        "process itself, once, with no worker to start (each imports torch and xgrammar), "
+        "but no isolation: a compile past the time limit fails its request yet cannot be "
+        "stopped (it runs on to its end and its result is dropped), and one that exhausts "
+        "memory or crashes the compiler takes the engine down",
+    )
     compile_timeout_s: float = _opt(
-        10.0, "a compile that takes longer fails its request (its worker is replaced)"
+        10.0,
+        "a compile that takes longer fails its request (its worker is replaced; with no "
+        "workers, the compile runs on in the engine and its result is dropped)",
     )
     grammar_cache_mb: int = _opt(512, "compiled grammars kept for reuse, in MiB")
     max_compiled_grammar_mb: int = _opt(
@@ -37,7 +47,9 @@ class StructuredOutputConfig:
         "refuse a grammar whose compiled form takes more memory than this, in MiB",
     )
     compile_worker_memory_mb: int = _opt(
-        8192, "address-space cap of each compile worker, in MiB; a compile past it fails"
+        8192,
+        "address-space cap of each compile worker, in MiB; a compile past it fails (no cap "
+        "with no workers)",
     )
     fill_batch_threshold: int = _opt(
         64,

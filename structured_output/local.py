@@ -1,5 +1,5 @@
-"""Compiling in this process, for tests and benchmarks (the engine compiles in
-worker processes: `compile_service.py`)."""
+"""Compiling in this process, for tests and benchmarks (the engine compiles through
+`compile_service.py`: in worker processes, or in itself with ``--compile-workers 0``)."""
 
 from __future__ import annotations
 

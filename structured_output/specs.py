@@ -136,6 +136,38 @@ def compile_constraint(
         raise GrammarError(f"invalid {spec.kind.value}: {clean_xgrammar_message(e)}") from None
 
 
+def too_large(size_bytes: int, limit_bytes: int) -> str | None:
+    """Why a compiled grammar of ``size_bytes`` in memory is refused (None: it is not;
+    a limit of 0 accepts any)."""
+    if 0 < limit_bytes < size_bytes:
+        return (
+            f"the compiled grammar is too large: {size_bytes >> 20} MiB in memory, "
+            f"over the limit of {limit_bytes >> 20} MiB"
+        )
+    return None
+
+
+def compile_bounded(
+    compiler: xgr.GrammarCompiler,
+    spec: GrammarSpec,
+    options: CompileOptions,
+    special_tokens: Mapping[str, int] | None,
+    max_compiled_bytes: int,
+) -> Compiled:
+    """`compile_constraint`, refusing (`GrammarError`) a grammar that takes more than
+    ``max_compiled_bytes`` of memory once compiled (0: any size), or that runs out of
+    memory while compiling. What a compile worker and the engine's own compiles
+    (``--compile-workers 0``) both run."""
+    try:
+        compiled = compile_constraint(compiler, spec, options, special_tokens)
+    except MemoryError:
+        raise GrammarError("grammar is too large to compile") from None
+    error = too_large(int(compiled.grammar.memory_size_bytes), max_compiled_bytes)
+    if error is not None:
+        raise GrammarError(error)
+    return compiled
+
+
 def _compile(
     compiler: xgr.GrammarCompiler,
     spec: GrammarSpec,

@@ -169,9 +169,12 @@ def _engine(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     check_engine(config)
+    workers = (
+        "; grammar compile workers start after" if config.structured_output.compile_workers else ""
+    )
     print(
         f"thinkgate engine: loading the vocabulary ({config.resolved_tokenizer()}) and the model "
-        f"({config.model}, device {config.device}); grammar compile workers start after",
+        f"({config.model}, device {config.device}){workers}",
         file=sys.stderr,
         flush=True,
     )

@@ -473,7 +473,7 @@ def test_hf_greedy_outputs_are_the_same_with_drafts(tmp_path):
             max_num_seqs=4,
             draft_tokens=drafts,
             reasoning_parser="qwen3",
-            structured_output=StructuredOutputConfig(compile_workers=1, compile_timeout_s=60),
+            structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
         )
         core = EngineCore(config, tok)
         try:

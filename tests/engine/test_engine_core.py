@@ -19,7 +19,7 @@ PROMPT = chat_prompt()
 @pytest.fixture(scope="module")
 def core(qwen3):
     config = EngineConfig(
-        model="random", max_num_seqs=8, structured_output=StructuredOutputConfig(compile_workers=1)
+        model="random", max_num_seqs=8, structured_output=StructuredOutputConfig(compile_workers=0)
     )
     c = EngineCore(config, qwen3)
     yield c

@@ -28,7 +28,7 @@ from ipc import (
     SamplingParams,
     StructuredOutputSpec,
 )
-from tests.support.engine import ONE_WORKER, EngineHarness, collect
+from tests.support.engine import NO_WORKERS, EngineHarness, collect
 from tests.support.prompts import chat_prompt
 
 PROMPT = chat_prompt()
@@ -36,7 +36,7 @@ PROMPT = chat_prompt()
 
 @pytest.fixture(scope="module")
 def engine():
-    h = EngineHarness(EngineConfig(model="random", max_num_seqs=64, structured_output=ONE_WORKER))
+    h = EngineHarness(EngineConfig(model="random", max_num_seqs=64, structured_output=NO_WORKERS))
     yield h
     h.close()
 
@@ -237,7 +237,7 @@ def test_killed_engine_fails_every_request_within_2s():
             EngineConfig(
                 model="random",
                 runner_options={"forward_ms": 20},
-                structured_output=ONE_WORKER,
+                structured_output=NO_WORKERS,
             )
         )
         try:
@@ -279,7 +279,7 @@ def test_sigterm_gives_every_request_a_final_output():
             EngineConfig(
                 model="random",
                 runner_options={"forward_ms": 20},
-                structured_output=ONE_WORKER,
+                structured_output=NO_WORKERS,
             )
         )
         try:

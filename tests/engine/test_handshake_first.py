@@ -16,7 +16,7 @@ from engine_core import server
 from engine_core.client import EngineClient
 from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
-from tests.support.engine import collect
+from tests.support.engine import NO_WORKERS, collect
 
 
 def test_handshake_and_health_before_the_core_and_requests_wait_for_it(tmp_path, monkeypatch):
@@ -30,7 +30,7 @@ def test_handshake_and_health_before_the_core_and_requests_wait_for_it(tmp_path,
 
     monkeypatch.setattr(server, "EngineCore", gated_core)
     address = f"ipc://{tmp_path}/engine.sock"
-    config = EngineConfig(model="random", address=address, seed=1)
+    config = EngineConfig(model="random", address=address, seed=1, structured_output=NO_WORKERS)
     made: list[server.EngineServer] = []
     errors: list[BaseException] = []
 

@@ -96,7 +96,7 @@ def served(request, tmp_path_factory):
         dtype="float64",
         max_num_seqs=4,
         max_num_batched_tokens=16,
-        structured_output=StructuredOutputConfig(compile_workers=1),
+        structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
     )
     h = EngineHarness(config)
     yield h, path
@@ -172,7 +172,14 @@ def test_batch_matches_generate_with_and_without_grammar(served, tok):
 @pytest.fixture(scope="module")
 def own_tokenizer(tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    h = EngineHarness(EngineConfig(model=str(path), reasoning_parser="qwen3", device="cpu"))
+    h = EngineHarness(
+        EngineConfig(
+            model=str(path),
+            reasoning_parser="qwen3",
+            device="cpu",
+            structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
+        )
+    )
     yield h, path
     h.close()
 

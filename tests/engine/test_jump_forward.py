@@ -173,7 +173,7 @@ def _core(
         max_num_seqs=64,
         jump_forward=jump,
         draft_tokens=drafts,
-        structured_output=StructuredOutputConfig(compile_workers=1, compile_timeout_s=60),
+        structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
         seed=3,
     )
     return EngineCore(config, tok)

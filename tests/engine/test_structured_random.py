@@ -18,7 +18,7 @@ import pytest
 from bench.states import REQUIRED_SCHEMA, TOOLS, WEATHER
 from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
-from tests.support.engine import ONE_WORKER, EngineHarness, collect
+from tests.support.engine import NO_WORKERS, EngineHarness, collect
 from tests.support.grammars import ARITHMETIC, hermes_calls_valid, hermes_tag, is_arithmetic
 from tests.support.prompts import chat_prompt
 
@@ -71,7 +71,7 @@ FINISHED = {"json_object": 0.7}
 @pytest.fixture(scope="module")
 def engine():
     h = EngineHarness(
-        EngineConfig(model="random", max_num_seqs=256, seed=3, structured_output=ONE_WORKER)
+        EngineConfig(model="random", max_num_seqs=256, seed=3, structured_output=NO_WORKERS)
     )
     yield h
     h.close()

@@ -14,7 +14,7 @@ from frontend.tool_formats import FunctionTool, create_tool_format
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from reasoning import create_reasoning_parser
 from structured_output.config import StructuredOutputConfig
-from tests.support.engine import ONE_WORKER, EngineHarness, collect
+from tests.support.engine import NO_WORKERS, EngineHarness, collect
 from tests.support.prompts import chat_prompt
 from tokenization import load_tokenizer
 
@@ -64,7 +64,7 @@ def engine(tmp_path_factory):
             model="scripted",
             runner_options={"script": str(path)},
             reasoning_parser="qwen3",
-            structured_output=ONE_WORKER,
+            structured_output=NO_WORKERS,
         )
     )
     yield h

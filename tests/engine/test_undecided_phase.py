@@ -123,7 +123,7 @@ def test_undecided_outputs_think_and_stay_valid(family: str, framed: bool, lean:
         max_num_seqs=REQUESTS,
         seed=5,
         runner_options={"ending_texts": [_opening_text(parser)] if lean else []},
-        structured_output=StructuredOutputConfig(compile_workers=1),
+        structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
     )
     core = EngineCore(config, tok)
     try:

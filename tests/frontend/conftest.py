@@ -34,7 +34,7 @@ def engine_factory(tmp_path_factory):
         settings: dict[str, Any] = {
             "tokenizer": "qwen3",
             "device": "cpu",
-            "structured_output": StructuredOutputConfig(compile_workers=1),
+            "structured_output": StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
         }
         cfg = EngineConfig(
             model="scripted", runner_options={"script": str(script)}, **{**settings, **config}

@@ -97,7 +97,9 @@ def cores():
                 EngineConfig(
                     model="random",
                     max_num_seqs=256,
-                    structured_output=StructuredOutputConfig(compile_timeout_s=60),
+                    structured_output=StructuredOutputConfig(
+                        compile_workers=0, compile_timeout_s=60
+                    ),
                     seed=13,
                     runner_options={"ending_texts": _ending_texts(names, tok)},
                 ),

@@ -18,7 +18,9 @@ README_FLAGS = [
 
 @pytest.fixture(scope="session")
 def random_server():
-    s = Server([*README_FLAGS, "--device", "cpu"])
+    s = Server(
+        [*README_FLAGS, "--device", "cpu", "--compile-workers", "0", "--compile-timeout-s", "60"]
+    )
     yield s
     assert s.stop() == 0, s.output
     assert not _alive(s.engine_pid), "the engine outlived the server that started it"

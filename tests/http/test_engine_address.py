@@ -21,7 +21,7 @@ def engine():
         [
             "engine", "--model", "random", "--tokenizer", "qwen3", "--device", "cpu",
             "--max-num-seqs", "1", "--max-waiting", "0", "--address", address,
-            "--compile-workers", "1",
+            "--compile-workers", "0",
         ],
         r"thinkgate engine listening on (\S+)",
     )  # fmt: skip

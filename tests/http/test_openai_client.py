@@ -74,7 +74,8 @@ def server(tmp_path_factory):
         [
             "--model", "scripted", "--script", str(script), "--tokenizer", "qwen3",
             "--reasoning-parser", "qwen3", "--enable-auto-tool-choice",
-            "--tool-call-parser", "hermes", "--device", "cpu", "--compile-workers", "1",
+            "--tool-call-parser", "hermes", "--device", "cpu", "--compile-workers", "0",
+            "--compile-timeout-s", "60",
             "--served-model-name", MODEL,
         ],
         env={"THINKGATE_API_KEY": KEY},

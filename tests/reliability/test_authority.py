@@ -34,7 +34,7 @@ from ipc import (
     free_tcp_port,
     load_client_keys,
 )
-from tests.support.engine import ServedEngine
+from tests.support.engine import NO_WORKERS, ServedEngine
 from tests.support.processes import ROOT
 
 from .support import PROMPT, RawPeer
@@ -80,7 +80,8 @@ def test_allow_remote_without_keys_is_refused_in_one_line():
 def test_only_the_spawner_may_shut_the_engine_down():
     async def body():
         owner = await EngineClient.spawn(
-            EngineConfig(model="random", max_num_seqs=4), load_tokenizer=False
+            EngineConfig(model="random", max_num_seqs=4, structured_output=NO_WORKERS),
+            load_tokenizer=False,
         )
         other = await EngineClient.connect(owner.address, load_tokenizer=False)
         peer = RawPeer(owner.address)
@@ -121,7 +122,8 @@ def test_an_operators_engine_obeys_only_its_token_file(tmp_path):
     token.write_text("s3cret-token\n")
     os.chmod(token, 0o600)
     engine = ServedEngine(
-        ["--model", "random", "--shutdown-token-file", str(token)], tmp_path / "e.log"
+        ["--model", "random", "--shutdown-token-file", str(token), "--compile-workers", "0"],
+        tmp_path / "e.log",
     )
     try:
 
@@ -147,7 +149,7 @@ def test_an_operators_engine_obeys_only_its_token_file(tmp_path):
 
 
 def test_without_a_token_file_every_shutdown_is_refused(tmp_path):
-    engine = ServedEngine(["--model", "random"], tmp_path / "e.log")
+    engine = ServedEngine(["--model", "random", "--compile-workers", "0"], tmp_path / "e.log")
     try:
         peer = RawPeer(engine.address)
         try:
@@ -177,7 +179,17 @@ def curve_engine(tmp_path_factory):
     keys = base / "keys"
     port = free_tcp_port()
     engine = ServedEngine(
-        ["--model", "random", "--max-num-seqs", "8", "--allow-remote", "--curve-keys", str(keys)],
+        [
+            "--model",
+            "random",
+            "--max-num-seqs",
+            "8",
+            "--allow-remote",
+            "--curve-keys",
+            str(keys),
+            "--compile-workers",
+            "0",
+        ],
         base / "engine.log",
         address=f"tcp://0.0.0.0:{port}",
     )

@@ -18,6 +18,7 @@ from ipc import (
     SamplingParams,
     StructuredOutputSpec,
 )
+from tests.support.engine import NO_WORKERS
 
 from .support import PROMPT
 
@@ -59,7 +60,9 @@ def test_counters_follow_the_work():
     )
 
     async def body():
-        client = await EngineClient.spawn(EngineConfig(model="random", max_num_seqs=8, seed=1))
+        client = await EngineClient.spawn(
+            EngineConfig(model="random", max_num_seqs=8, seed=1, structured_output=NO_WORKERS)
+        )
         try:
             idle = await client.health()
             long = asyncio.create_task(

@@ -19,7 +19,7 @@ from engine_core.client import EngineClient, EngineDeadError
 from engine_core.config import EngineConfig
 from engine_core.server import EngineServer
 from ipc import EngineCoreRequest, SamplingParams, free_tcp_port
-from tests.support.engine import LoopThread, ServedEngine
+from tests.support.engine import NO_WORKERS, LoopThread, ServedEngine
 from tests.support.processes import ROOT
 
 from .support import PROMPT
@@ -72,7 +72,9 @@ def test_sigkill_of_the_engine_fails_every_stream_of_a_connected_client_within_2
 ):
     address = f"tcp://127.0.0.1:{free_tcp_port()}" if transport == "tcp" else None
     engine = ServedEngine(
-        ["--model", "random", "--max-num-seqs", "32"], tmp_path / "e.log", address=address
+        ["--model", "random", "--max-num-seqs", "32", "--compile-workers", "0"],
+        tmp_path / "e.log",
+        address=address,
     )
     loop = LoopThread()
     n = 24
@@ -112,7 +114,16 @@ def test_sigkill_of_the_engine_fails_every_stream_of_a_connected_client_within_2
 def slow_engine(tmp_path_factory):
     """Default timeouts; steps slowed so that requests run through a 10 s stall."""
     e = ServedEngine(
-        ["--model", "random", "--max-num-seqs", "16", "--forward-ms", "40"],
+        [
+            "--model",
+            "random",
+            "--max-num-seqs",
+            "16",
+            "--forward-ms",
+            "40",
+            "--compile-workers",
+            "0",
+        ],
         tmp_path_factory.mktemp("liveness") / "engine.log",
     )
     yield e
@@ -191,7 +202,9 @@ def _break_io_thread(pump) -> None:
 
 
 def test_a_dead_engine_io_thread_ends_the_engine_and_fails_every_stream():
-    server = EngineServer(EngineConfig(model="random", max_num_seqs=16))
+    server = EngineServer(
+        EngineConfig(model="random", max_num_seqs=16, structured_output=NO_WORKERS)
+    )
     serving = threading.Thread(target=server.serve, name="test-engine", daemon=True)
     serving.start()
     loop = LoopThread()

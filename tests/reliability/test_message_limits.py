@@ -20,7 +20,11 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    yield from serve(["--model", "random", "--max-num-seqs", "16"], tmp_path_factory, "limits")
+    yield from serve(
+        ["--model", "random", "--max-num-seqs", "16", "--compile-workers", "0"],
+        tmp_path_factory,
+        "limits",
+    )
 
 
 def test_a_multipart_message_over_the_limit_is_dropped_uncopied(served):

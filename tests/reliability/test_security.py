@@ -249,7 +249,8 @@ class _Bomb:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     e = ServedEngine(
-        ["--model", "random", "--max-num-seqs", "8"], tmp_path_factory.mktemp("sec") / "engine.log"
+        ["--model", "random", "--max-num-seqs", "8", "--compile-workers", "0"],
+        tmp_path_factory.mktemp("sec") / "engine.log",
     )
     yield e
     e.stop()

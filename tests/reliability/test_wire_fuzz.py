@@ -63,6 +63,8 @@ def served(tmp_path_factory):
             "5",
             "--seed",
             "11",
+            "--compile-workers",
+            "0",
         ],
         tmp_path_factory,
         "fuzz",

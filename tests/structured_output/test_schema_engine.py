@@ -34,7 +34,7 @@ def core(qwen3):
         EngineConfig(
             model="random",
             max_num_seqs=128,
-            structured_output=StructuredOutputConfig(compile_timeout_s=60),
+            structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
             seed=7,
         ),
         qwen3,

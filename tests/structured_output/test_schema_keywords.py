@@ -241,7 +241,7 @@ def core(qwen3):
         EngineConfig(
             model="random",
             max_num_seqs=256,
-            structured_output=StructuredOutputConfig(compile_timeout_s=60),
+            structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
             seed=5,
         ),
         qwen3,

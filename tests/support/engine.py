@@ -27,8 +27,13 @@ from .processes import ROOT, child_env
 
 T = TypeVar("T")
 
-#: for the engines of tests that do not test the compile workers: one worker, not the
-#: default two (each is a process that imports torch and xgrammar, ~2.5 CPU-seconds)
+#: for the engines of tests that do not test the compile workers: grammars compile in
+#: the engine itself, once (``--compile-workers 0``), with no worker process to start
+#: (each imports torch and xgrammar, ~4 CPU-seconds) and none compiling each grammar a
+#: second time; a time limit that a loaded machine does not reach (a compile in the
+#: engine shares its CPU with the engine's own start-up and steps)
+NO_WORKERS = StructuredOutputConfig(compile_workers=0, compile_timeout_s=60)
+#: for those that test the workers but need only one
 ONE_WORKER = StructuredOutputConfig(compile_workers=1)
 
 

@@ -111,7 +111,7 @@ def engine(request):
             extra_special_tokens=markers,
             runner_options={"ending_texts": _ending_texts(base, markers)},
             max_num_seqs=256,
-            structured_output=StructuredOutputConfig(compile_timeout_s=60),
+            structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
             seed=11,
         )
     )
