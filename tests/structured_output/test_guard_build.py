@@ -202,16 +202,21 @@ ALPHABET = (
 def test_the_build_equals_the_reference_on_generated_vocabularies(seed):
     """Tokens no real vocabulary has (long whitespace runs, escapes of every kind cut
     anywhere, encoded surrogates, ill-formed UTF-8), holes and special tokens, rows
-    past the tokens, and vocabularies that lack some single bytes."""
+    past the tokens; vocabularies with every single byte, and without."""
     rng = random.Random(seed)
     print("seed", seed)
-    tokens = {bytes([rng.choice(ALPHABET)]) for _ in range(rng.choice((10, 40)))}
+    if seed % 2:  # some single bytes: masks that may empty a row are whole rows
+        tokens = {bytes([rng.choice(ALPHABET)]) for _ in range(40)}
+    else:  # every byte a token: most masks are sparse
+        tokens = {bytes([b]) for b in range(256)}
     while len(tokens) < 3000:
         size = rng.choice((1, 2, 3, 4, 6, 8, 12, 24, 40))
         if rng.random() < 0.1:  # whitespace runs, some around a quote
             tokens.add(rng.choice((b"", b'"', b",")) + bytes(rng.choices(WS, k=size)))
         else:
             tokens.add(bytes(rng.choices(ALPHABET, k=size)))
+    while len(tokens) < 20000:  # plain words, as most of a real vocabulary
+        tokens.add(bytes(rng.choices(b" ghijklmnopqrstvwxyz", k=rng.randint(2, 9))))
     tb = list(tokens)
     rng.shuffle(tb)
     tb[5] = tb[17] = b""  # holes
