@@ -31,6 +31,10 @@ WS = b" \t\n\r"
 SURROGATE = re.compile(b"\xed[\xa0-\xbf]")
 
 
+#: ``NEXT[state][byte]``: `lexing.step` as nested lists, for speed
+NEXT = [[lexing.step(s, b) for b in range(256)] for s in range(NUM_STATES)]
+
+
 def lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool, bool]:
     """``(next, lead, inner, trail, pure, invalid)`` of token ``b`` from lexical
     state ``s``: a lone surrogate escape ends in ``STR``, invalid, with no runs."""
@@ -47,7 +51,7 @@ def lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool, bool]:
                 inner = max(inner, run)
             run = 0
         only_ws = False
-        s = lexing.step(s, byte)
+        s = NEXT[s][byte]
         if s == INVALID:
             return STR, 0, 0, 0, False, True
     if only_ws:
@@ -76,8 +80,10 @@ def reference_facts(tb: list[bytes]) -> dict[str, Any]:
     spelled = _spelling()
     kinds: dict[bytes, int] = {}
     kind = np.array([kinds.setdefault(b.translate(spelled), len(kinds)) for b in tb], np.int64)
+    raw = (RAW, 0, 0, 0, False, False)  # raw text is not lexed
     lexed = np.array(  # [kinds, states, 6]
-        [[lex_one(key, s) for s in range(NUM_STATES)] for key in kinds], np.int64
+        [[raw if s == RAW else lex_one(key, s) for s in range(NUM_STATES)] for key in kinds],
+        np.int64,
     ).reshape(len(kinds), NUM_STATES, 6)
     pending = np.array([[utf8.run_bytes(u, key) for u in range(NUM_PENDING)] for key in kinds])
     facts: dict[str, Any] = {}
@@ -215,7 +221,7 @@ def test_the_build_equals_the_reference_on_generated_vocabularies(seed):
             tokens.add(rng.choice((b"", b'"', b",")) + bytes(rng.choices(WS, k=size)))
         else:
             tokens.add(bytes(rng.choices(ALPHABET, k=size)))
-    while len(tokens) < 20000:  # plain words, as most of a real vocabulary
+    while len(tokens) < 10000:  # plain words, as most of a real vocabulary
         tokens.add(bytes(rng.choices(b" ghijklmnopqrstvwxyz", k=rng.randint(2, 9))))
     tb = list(tokens)
     rng.shuffle(tb)
@@ -224,6 +230,6 @@ def test_the_build_equals_the_reference_on_generated_vocabularies(seed):
     rows = len(tb) + rng.choice((0, 1, 31, 77))
     blanked = [b"" if i in specials else b for i, b in enumerate(tb)]
     facts = reference_facts(blanked + [b""] * (rows - len(tb)))
-    for limit in (None, 0, 1, 3, 16, 100):  # 100: masks built in blocks of states
+    for limit in (None, 0, 3, 100):  # 100: masks built in blocks of states
         table = GuardTable(tb, rows, special_ids=specials, limit=limit)
         check_against_reference(table, facts)
