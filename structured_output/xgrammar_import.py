@@ -9,9 +9,10 @@ with a stand-in for transformers in ``sys.modules`` (removed again right after) 
 classes are checked against the real ones, imported then, the first time an
 ``isinstance`` asks: the helpers still work in a process that calls them.
 
-Where transformers is imported already (a Hugging Face model's runner), or xgrammar
-is, nothing changes. Should xgrammar's import need more of transformers than names,
-it is imported again, whole.
+Where transformers is imported already, or xgrammar is, nothing changes. Should
+xgrammar's import need more of transformers than names, it is imported again, whole.
+The stand-in is in ``sys.modules`` only while xgrammar imports: a thread importing
+transformers at that very moment would get it (the engine's other threads do not).
 """
 
 from __future__ import annotations
