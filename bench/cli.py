@@ -279,10 +279,16 @@ def parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser(
         "startup",
-        help="a spawned engine: handshake, first plain and first JSON request; and where "
-        "start-up time goes, phase by phase",
+        help="a spawned engine: handshake, first plain and first JSON request, with the CPU "
+        "its process tree spent by then; and where start-up time goes, phase by phase",
     )
     _common(p, iters=3, warmup=0)
+    p.add_argument(
+        "--vocabs",
+        type=_names(VOCABS),
+        default=["qwen3"],
+        help="comma-separated: qwen3,o200k_harmony (default qwen3)",
+    )
     return ap
 
 

@@ -1,14 +1,16 @@
-"""``thinkgate bench startup``: how long a spawned engine takes to answer, and where
-its start-up time goes.
+"""``thinkgate bench startup``: how long a spawned engine takes to answer, how much
+CPU its start costs, and where its start-up time goes.
 
-- **spawn**: ``EngineClient.spawn`` of the random model on a bundled vocabulary, then
-  one plain request (5 tokens) and one JSON-schema request (the first grammar: it
-  waits for a compile worker), each timed from the spawn; repeated ``--iters`` times.
+- **spawn**: ``EngineClient.spawn`` of the random model on each of ``--vocabs``
+  (default qwen3), then one plain request (5 tokens) and one JSON-schema request (the
+  first grammar: it waits for a compile worker, and for the guard table), each timed
+  from the spawn, with the CPU seconds of the engine's process tree (the engine and
+  its compile workers) by then; repeated ``--iters`` times.
 - **phases**: in a fresh process, each start-up step alone, wall and CPU time: the
   imports the handshake needs, the tokenizer, then what the core needs (torch,
-  xgrammar with transformers, the random model, ``TokenizerInfo``, the guard table)
-  and a compile worker's own start (xgrammar without transformers, its
-  ``TokenizerInfo``).
+  xgrammar as the engine imports it, without transformers, the random model,
+  ``TokenizerInfo``, the guard table) and a compile worker's own start (xgrammar
+  without transformers, its ``TokenizerInfo``).
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ def lap(name):
 import engine_core.config, ipc, reasoning, tokenization, zmq
 lap("imports before the handshake (ipc, zmq, msgspec, reasoning, tokenization)")
 from tokenization import load_tokenizer
-tok = load_tokenizer("qwen3")
-lap("tokenizer qwen3 (quicktok)")
+tok = load_tokenizer(sys.argv[1])
+lap(f"tokenizer {sys.argv[1]} (quicktok)")
 import torch
 lap("import torch")
-import xgrammar
-lap("import xgrammar (and transformers)")
+from structured_output.xgrammar_import import import_xgrammar
+import_xgrammar()
+lap("import xgrammar (without transformers, as the engine does)")
 from engine_core.runners import RunnerOptions, create_runner
 create_runner("random", tok, RunnerOptions(device="cpu", seed=0, max_num_seqs=256))
 lap("random model")
@@ -65,25 +68,29 @@ print(json.dumps([("compile worker: import xgrammar without transformers", t2 - 
 """
 
 
-def _spawn_once() -> dict[str, float]:
+def _spawn_once(vocab: str) -> dict[str, tuple[float, float | None]]:
+    """Each milestone: seconds since the spawn, and the CPU seconds of the engine's
+    process tree by then (None where ``/proc`` cannot tell)."""
     from engine_core.client import EngineClient
     from engine_core.config import EngineConfig
     from ipc import EngineCoreRequest, SamplingParams, StructuredOutputSpec
 
-    async def body() -> dict[str, float]:
+    async def body() -> dict[str, tuple[float, float | None]]:
         t0 = time.perf_counter()
-        client = await EngineClient.spawn(EngineConfig(model="random", log_level="WARNING"))
-        out = {"handshake": time.perf_counter() - t0}
+        config = EngineConfig(model="random", tokenizer=vocab, log_level="WARNING")
+        client = await EngineClient.spawn(config)
+        pid = client.proc.pid if client.proc is not None else None
+        out = {"handshake": (time.perf_counter() - t0, tree_cpu_s(pid))}
         try:
             plain = EngineCoreRequest("plain", [1, 2, 3], SamplingParams(max_tokens=5, seed=1))
             async for _ in client.generate(plain):
                 pass
-            out["first plain request done"] = time.perf_counter() - t0
+            out["first plain request done"] = (time.perf_counter() - t0, tree_cpu_s(pid))
             spec = StructuredOutputSpec("json_schema", '{"type": "object"}')
             req = EngineCoreRequest("json", [1, 2, 3], SamplingParams(max_tokens=8, seed=1), spec)
             async for _ in client.generate(req):
                 pass
-            out["first JSON request done"] = time.perf_counter() - t0
+            out["first JSON request done"] = (time.perf_counter() - t0, tree_cpu_s(pid))
         finally:
             await client.shutdown()
         return out
@@ -91,32 +98,72 @@ def _spawn_once() -> dict[str, float]:
     return asyncio.run(body())
 
 
-def _phases() -> list[tuple[str, float, float]]:
+def tree_cpu_s(pid: int | None) -> float | None:
+    """User and system CPU seconds of process ``pid`` and its live descendants (Linux
+    ``/proc``; None elsewhere)."""
+    if pid is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+        cpu[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    if pid not in cpu:
+        return None
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += cpu.get(p, 0.0)
+        todo += children.get(p, [])
+    return total
+
+
+def _phases(vocab: str) -> list[tuple[str, float, float]]:
     root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     rows: list[tuple[str, float, float]] = []
     for script in (_PHASES, _WORKER):
         done = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env
+            [sys.executable, "-c", script, vocab],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
         )
         rows += [tuple(r) for r in json.loads(done.stdout.strip().splitlines()[-1])]
     return rows
 
 
 def run(args: argparse.Namespace) -> list[Record]:
+    from tokenization import BUNDLED
+
     env = environment()
     records = []
 
-    def record(what: str, seconds: list[float], cpu: float | None = None) -> Record:
+    def record(vocab: str, what: str, seconds: list[float], cpu: list[float | None]) -> Record:
         med = sorted(seconds)[len(seconds) // 2]
-        extra = {"what": what, "seconds": [round(s, 3) for s in seconds]}
-        if cpu is not None:
-            extra["cpu_s"] = round(cpu, 3)
+        extra: dict = {"what": what, "seconds": [round(s, 3) for s in seconds]}
+        known = sorted(c for c in cpu if c is not None)
+        if known:
+            extra["cpu_s"] = round(known[len(known) // 2], 3)
+            extra["cpu_s_each"] = [round(c, 3) for c in known]
         return Record(
             bench="startup",
             device="cpu",
-            vocab="qwen3",
-            vocab_rows=151936,
+            vocab=vocab,
+            vocab_rows=BUNDLED[vocab].vocab_rows,
             batch_size=0,
             method=what,
             median_us=round(med * 1e6, 1),
@@ -131,19 +178,22 @@ def run(args: argparse.Namespace) -> list[Record]:
             env=env,
         )
 
-    spawns = [_spawn_once() for _ in range(max(1, args.iters))]
-    for what in spawns[0]:
-        records.append(record(what, [s[what] for s in spawns]))
-    for what, wall, cpu in _phases():
-        records.append(record(f"phase: {what}", [wall], cpu))
+    for vocab in args.vocabs:
+        spawns = [_spawn_once(vocab) for _ in range(max(1, args.iters))]
+        for what in spawns[0]:
+            got = [s[what] for s in spawns]
+            records.append(record(vocab, what, [w for w, _ in got], [c for _, c in got]))
+        for what, wall, cpu in _phases(vocab):
+            records.append(record(vocab, f"phase: {what}", [wall], [cpu]))
     return records
 
 
 def table(records: list[Record]) -> str:
-    lines = [f"{'':<78}{'wall (s)':>9}{'cpu (s)':>9}", "-" * 96]
+    lines = [f"{'':<94}{'wall (s)':>9}{'cpu (s)':>9}", "-" * 112]
     for r in records:
         cpu = r.extra.get("cpu_s")
         lines.append(
-            f"{r.method:<78}{r.median_us / 1e6:>9.2f}{'' if cpu is None else f'{cpu:>9.2f}'}"
+            f"{r.vocab:<16}{r.method:<78}{r.median_us / 1e6:>9.2f}"
+            f"{'' if cpu is None else f'{cpu:>9.2f}'}"
         )
     return "\n".join(lines)

@@ -115,11 +115,11 @@ def fill_vs_vllm(records: list[dict]) -> str:
 
 
 def startup(records: list[dict]) -> str:
-    lines = ["| what | wall (s) | CPU (s) |", "|---|---:|---:|"]
+    lines = ["| vocabulary | what | wall (s) | CPU (s) |", "|---|---|---:|---:|"]
     for r in records:
         cpu = r["extra"].get("cpu_s")
         cpu_text = "" if cpu is None else f"{cpu:.2f}"
-        lines.append(f"| {r['method']} | {r['median_us'] / 1e6:.2f} | {cpu_text} |")
+        lines.append(f"| {r['vocab']} | {r['method']} | {r['median_us'] / 1e6:.2f} | {cpu_text} |")
     return "\n".join(lines)
 
 

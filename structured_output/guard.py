@@ -61,11 +61,10 @@ continue a pending character); the state then starts over as if the text were wh
 from __future__ import annotations
 
 from array import array
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xgrammar as xgr
 
 from . import utf8
 from .lexing import (
@@ -81,9 +80,18 @@ from .lexing import (
     step,
 )
 from .utf8 import AFTER_ED, DONE, ERROR, NUM_PENDING
+from .xgrammar_import import import_xgrammar
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+else:
+    xgr = import_xgrammar()  # the first import of xgrammar in the engine: without transformers
 
 #: up to this many rows, `GuardTable.apply` goes row by row
 _FEW = 8
+#: states whose masks are built at once (bounds the build's memory for long runs)
+_BLOCK = 64
+_NO_RUN = np.zeros(1, dtype=np.int64)
 
 
 class GuardTable:
@@ -107,30 +115,30 @@ class GuardTable:
         self.vocab_rows = vocab_rows
         self.words = (vocab_rows + 31) // 32
         self.k = (limit if limit is not None else 0) + 1
-        tb = [b""] * vocab_rows
-        specials = set(special_ids)
-        for i, b in enumerate(token_bytes[:vocab_rows]):
-            if i not in specials:  # a special token is one marker: no bytes to lex
-                tb[i] = b
+        tb = list(token_bytes[:vocab_rows])
+        tb += [b""] * (vocab_rows - len(tb))
+        for i in special_ids:  # a special token is one marker: no bytes to lex
+            if 0 <= i < vocab_rows:
+                tb[i] = b""
         lex = lex_tokens(tb)
-        pending = lex["pending"]
         cap = self.k - 1
         wide = NUM_STATES * NUM_PENDING * self.k > 1 << 15
+        typecode, dtype = ("i", np.int32) if wide else ("h", np.int16)
+        # ill-formed (let through only where the grammar required it): start over
+        pending = np.where(lex["pending"] == ERROR, DONE, lex["pending"]).astype(np.int32)
         codes: list[array[int]] = []
         for s in range(NUM_STATES):
-            nxt, trail, pure, length = lex["next"][s], lex["trail"][s], lex["pure"][s], lex["len"]
+            # rows u of ``(next * P + pending[u]) * K + trail``
+            rows = (lex["next"][s].astype(np.int32) * NUM_PENDING + pending) * self.k
+            rows += np.minimum(lex["trail"][s], cap)
+            if s == OUT:
+                rows[DONE] = np.where(lex["pure"][OUT], -lex["len"], rows[DONE])
+            rows = rows.astype(dtype)
             for u in range(NUM_PENDING):
                 if u != DONE and s in ESCAPING:  # unreachable: an escape is ASCII
                     codes.append(codes[s * NUM_PENDING])
-                    continue
-                # ill-formed (let through only where the grammar required it): start over
-                nu = np.where(pending[u] == ERROR, DONE, pending[u])
-                code = (nxt * NUM_PENDING + nu) * self.k + np.minimum(trail, cap)
-                if s == OUT and u == DONE:
-                    code = np.where(pure, -length, code)
-                codes.append(
-                    array("i" if wide else "h", code.astype(np.int32 if wide else np.int16))
-                )
+                else:
+                    codes.append(array(typecode, rows[u].tobytes()))
         #: per lexical and pending state (``q // K``), per token: the next state, or
         #: ``-n`` for a token of ``n`` whitespace characters outside strings from ``OUT``
         #: with nothing pending (``q < K``: the run ``q`` grows by ``n``)
@@ -173,12 +181,41 @@ class GuardTable:
 
     # ----- masks -------------------------------------------------------------------
 
-    def _build_masks(self, lex: dict[str, Any]) -> None:
+    def _rows(self, lex: dict[str, Any]) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """The allowed tokens of every reachable state, in the order of the states, a
+        block at a time: ``(lex, pending, runs, ok)``, ``ok[i]`` the tokens allowed with
+        that lexical and pending state and a whitespace run of ``runs[i]`` (bool
+        ``[len(runs), vocab_rows]``). A run is counted outside strings, after whole
+        text, and an escape is ASCII: other states are unreachable."""
         limit = self.limit
         first = lex["first"]
         starts_hi = (first >= 0xA0) & (first <= 0xBF)
         surrogate = lex["surrogate"]  # never in a real vocabulary
-        pending = lex["pending"]
+        for s in range(NUM_STATES):
+            for u in range(NUM_PENDING):
+                if u != DONE and s in ESCAPING:
+                    continue
+                ok = ~lex["invalid"][s]
+                if s == RAW:
+                    ok &= lex["pending"][u] != ERROR
+                else:  # the grammar of JSON text refuses all but a surrogate by itself
+                    ok &= ~surrogate
+                    if u == AFTER_ED:
+                        ok &= ~starts_hi
+                if limit is None or s == RAW:
+                    yield s, u, _NO_RUN, ok[None, :]
+                    continue
+                ok &= lex["inner"][s] <= limit
+                if s != OUT:
+                    yield s, u, _NO_RUN, ok[None, :]
+                    continue
+                lead = lex["lead"][OUT]
+                for r0 in range(0, self.k if u == DONE else 1, _BLOCK):
+                    runs = np.arange(r0, min(self.k if u == DONE else 1, r0 + _BLOCK))
+                    yield s, u, runs, ok[None, :] & (lead[None, :] <= (limit - runs)[:, None])
+
+    def _build_masks(self, lex: dict[str, Any]) -> None:
+        limit = self.limit
         #: every byte is a token: a banned token's first byte is then always allowed
         #: unless the run is at the limit, so only such rows can end up empty
         complete = lex["single_bytes"] == 256
@@ -193,71 +230,72 @@ class GuardTable:
         lengths = np.zeros(num_states, dtype=np.int64)
         seen: dict[bytes, int] = {}
         at = 0
-        for q in range(num_states):
-            s, run, u = self.decode(q)
-            if run > 0 and (s != OUT or u != DONE):
-                continue  # unreachable: a run is counted outside strings, after whole text
-            if u != DONE and s in ESCAPING:
-                continue  # unreachable: an escape is ASCII
-            ok = ~lex["invalid"][s]
-            if s == RAW:
-                ok = ok & (pending[u] != ERROR)
-            else:  # the grammar of JSON text refuses all but a surrogate by itself
-                ok = ok & ~surrogate
-                if u == AFTER_ED:
-                    ok = ok & ~starts_hi
-            if limit is not None and s != RAW:
-                ok = ok & (lex["inner"][s] <= limit)
-                if s == OUT:
-                    ok = ok & (lex["lead"][OUT] <= limit - run)
-            if ok.all():
-                continue
-            words = _pack(ok, self.words)
-            self.needs[q] = True
-            changed = np.flatnonzero(words != np.uint32(0xFFFFFFFF))
-            # A row can end up allowing nothing only where a single byte may be banned:
-            # a grammar that allows a token allows its first byte, a token of its own
-            # (``complete``), which is banned only at the whitespace limit or where a
-            # surrogate escape must go on one way (such rows are rare: whole-row masks)
-            empty_possible = (
-                not complete
-                or (s == OUT and limit is not None and run >= limit)
-                or s in NARROW
-                or (s == RAW and u != DONE)
-            )
-            if empty_possible or len(changed) > self.words // 4:
-                self.dense[q] = True
-                key = words.tobytes()
-                if key not in seen:
-                    seen[key] = len(full)
-                    full.append(words)
-                full_index[q] = seen[key]
-            else:
-                sparse_words.append(changed)
-                sparse_vals.append(words[changed])
-                offsets[q], lengths[q] = at, len(changed)
-                at += len(changed)
+        for s, u, runs, ok in self._rows(lex):
+            packed = _pack(ok, self.words)
+            changed_words = packed != np.uint32(0xFFFFFFFF)
+            num_changed = np.count_nonzero(changed_words, axis=1).tolist()
+            for i, run in enumerate(runs.tolist()):
+                if not num_changed[i]:
+                    continue  # allows everything
+                q = self.state(s, run, u)
+                words = packed[i]
+                self.needs[q] = True
+                # A row can end up allowing nothing only where a single byte may be
+                # banned: a grammar that allows a token allows its first byte, a token
+                # of its own (``complete``), which is banned only at the whitespace
+                # limit or where a surrogate escape must go on one way (such rows are
+                # rare: whole-row masks)
+                empty_possible = (
+                    not complete
+                    or (s == OUT and limit is not None and run >= limit)
+                    or s in NARROW
+                    or (s == RAW and u != DONE)
+                )
+                if empty_possible or num_changed[i] > self.words // 4:
+                    self.dense[q] = True
+                    key = words.tobytes()
+                    if key not in seen:
+                        seen[key] = len(full)
+                        full.append(words)
+                    full_index[q] = seen[key]
+                else:
+                    changed = np.flatnonzero(changed_words[i])
+                    sparse_words.append(changed)
+                    sparse_vals.append(words[changed])
+                    offsets[q], lengths[q] = at, num_changed[i]
+                    at += num_changed[i]
         self._full = np.stack(full) if full else np.zeros((0, self.words), np.uint32)
         self._full_index = full_index
         self._words = np.concatenate(sparse_words) if sparse_words else np.zeros(0, np.int64)
         self._vals = np.concatenate(sparse_vals) if sparse_vals else np.zeros(0, np.uint32)
         self._offsets, self._lengths = offsets, lengths
-        # The same, one row per state, padded to the longest: a pad is a word the state
-        # leaves alone, ANDed with all ones (a no-op), so that a batch is one gather
-        longest = int(lengths.max()) if len(lengths) else 0
-        self._pad_words = np.zeros((num_states, max(longest, 1)), dtype=np.int64)
-        self._pad_vals = np.full((num_states, max(longest, 1)), 0xFFFFFFFF, dtype=np.uint32)
-        for q in np.flatnonzero(lengths).tolist():
-            o, k = offsets[q], lengths[q]
-            w = self._words[o : o + k]
-            spare = int(np.flatnonzero(~np.isin(np.arange(k + 1), w))[0])  # not among w
-            self._pad_words[q, :] = spare
-            self._pad_words[q, :k] = w
-            self._pad_vals[q, :k] = self._vals[o : o + k]
+        self._pad(num_states)
         self._needs_from_minus_one = np.concatenate(([False], self.needs))  # -1: no guard
         self._needs_list = self.needs.tolist()
         self._dense_list = self.dense.tolist()
         self._offsets_list, self._lengths_list = offsets.tolist(), lengths.tolist()
+
+    def _pad(self, num_states: int) -> None:
+        """The sparse masks again, one row per state, padded to the longest: a pad is a
+        word the state leaves alone (the least one), ANDed with all ones (a no-op), so
+        that a batch is one gather."""
+        lengths, offsets = self._lengths, self._offsets
+        longest = max(int(lengths.max()), 1)
+        self._pad_words = np.zeros((num_states, longest), dtype=np.int64)
+        self._pad_vals = np.full((num_states, longest), 0xFFFFFFFF, dtype=np.uint32)
+        sparse = np.flatnonzero(lengths)
+        if not len(sparse):
+            return
+        counts = lengths[sparse]
+        row = np.repeat(sparse, counts)  # the sparse words run state after state
+        col = np.arange(len(self._words)) - np.repeat(offsets[sparse], counts)
+        # a state's words ascend: the least word it leaves alone is the number of its
+        # first ones that equal their place (0, 1, 2, ...)
+        in_place = np.zeros(num_states, dtype=np.int64)
+        np.add.at(in_place, row, self._words == col)
+        self._pad_words[sparse] = in_place[sparse, None]
+        self._pad_words[row, col] = self._words
+        self._pad_vals[row, col] = self._vals
 
     def allowed(self, q: int) -> np.ndarray:
         """The mask of state ``q`` as uint32 words (tests and single rows)."""
@@ -425,6 +463,8 @@ class GuardedMatcher(xgr.GrammarMatcher):
 
 
 def _pack(flags: np.ndarray, words: int) -> np.ndarray:
-    padded = np.ones(words * 32, dtype=bool)
-    padded[: flags.size] = flags
-    return np.packbits(padded, bitorder="little").view(np.uint32)
+    """bool ``[R, N]`` -> uint32 ``[R, words]``, bit ``t % 32`` of word ``t // 32`` for
+    column ``t``, the bits past ``N`` set."""
+    padded = np.ones((flags.shape[0], words * 32), dtype=bool)
+    padded[:, : flags.shape[1]] = flags
+    return np.packbits(padded, axis=1, bitorder="little").view(np.uint32)

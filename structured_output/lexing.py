@@ -34,7 +34,7 @@ LEAD_ED = 0xED
 
 def _table() -> np.ndarray:
     """``T[state, byte]``: the next state (``INVALID`` a sink)."""
-    t = np.full((NUM_STATES + 1, 256), INVALID, dtype=np.int64)
+    t = np.full((NUM_STATES + 1, 256), INVALID, dtype=np.int8)
     hexes = b"0123456789abcdefABCDEF"
     t[OUT, :] = OUT
     t[OUT, ord('"')] = STR
@@ -60,58 +60,36 @@ def _table() -> np.ndarray:
 
 TABLE = _table()
 _TABLE_ROWS = TABLE.tolist()
+_IS_WS = np.isin(np.arange(256), sorted(WS))
 
 
 def step(state: int, byte: int) -> int:
     return _TABLE_ROWS[state][byte]
 
 
-def lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool, bool]:
-    """``(next, lead, inner, trail, pure, invalid)`` of token ``b`` from state ``s``:
-    see `lex_tokens`."""
-    run = 0
-    first = s == OUT
-    lead = inner = 0
-    for byte in b:
-        if s == OUT and byte in WS:
-            run += 1
-            continue
-        if s == OUT:
-            if first:
-                lead = run
-            else:
-                inner = max(inner, run)
-            run = 0
-        first = False
-        s = _TABLE_ROWS[s][byte]
-        if s == INVALID:
-            return STR, 0, 0, 0, False, True
-    if first:  # whitespace only, from OUT
-        return s, run, 0, run, run > 0, False
-    return s, lead, max(inner, run), run if s == OUT else 0, False, False
-
-
 def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
-    """Per start state and token: the end state (``next``), the whitespace run outside
-    strings at the token's start (``lead``; the whole length for ``pure`` tokens,
-    which are such whitespace only), the longest other such run (``inner``, the
-    trailing one included), the run it ends with (``trail``), whether it writes a lone
-    surrogate escape (``invalid``); per UTF-8 pending state and token, the pending
-    state it ends in (``pending``: `utf8.token_states`); and per token ``len``,
-    ``first`` (its first byte), ``surrogate`` (it holds an encoded surrogate,
-    ``ED A0..BF``) and the number of distinct ``single_bytes`` tokens.
+    """Per start state and token (arrays ``[NUM_STATES, len(tb)]``): the end state
+    (``next``, int8), the whitespace run outside strings at the token's start
+    (``lead``; the whole length for ``pure`` tokens, which are such whitespace only),
+    the longest other such run (``inner``, the trailing one included), the run it ends
+    with (``trail``), whether it writes a lone surrogate escape (``invalid``); per
+    UTF-8 pending state and token, the pending state it ends in (``pending``:
+    `utf8.token_states`); and per token ``len``, ``first`` (its first byte),
+    ``surrogate`` (it holds an encoded surrogate, ``ED A0..BF``) and the number of
+    distinct ``single_bytes`` tokens. ``RAW`` is not lexed: its row says nothing.
 
     Tokens without a quote or a backslash (all but about 1%) never leave ``OUT`` or
     ``STR``, so their runs are found with array operations over all their bytes at
-    once, and from the escape states they are walked a few bytes at a time through
-    `TABLE`, all of them together; the others are lexed one by one."""
+    once; from an escape state, all of them take their first byte at once, and the
+    few that go on, and the rest from every state, are walked through `TABLE` a byte
+    position at a time, all together (`_walk`). Small integer types throughout: a
+    build touches little fresh memory."""
     n = len(tb)
-    lengths = np.fromiter((len(b) for b in tb), np.int64, n)
+    lengths = np.fromiter(map(len, tb), np.int64, n)
     flat = np.frombuffer(b"".join(tb), dtype=np.uint8)
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    owner = np.repeat(np.arange(n), lengths)
-    lead, inner, trail, pure = _runs(flat, owner, starts, ends, lengths)
+    owner = np.repeat(np.arange(n, dtype=np.int32), lengths)
     nonempty = lengths > 0
     first = np.zeros(n, np.int64)
     first[nonempty] = flat[starts[nonempty]]
@@ -122,58 +100,64 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
     quoting = np.zeros(n, bool)
     quoting[owner[(flat == 0x22) | (flat == 0x5C)]] = True
 
-    def zeros() -> np.ndarray:
-        return np.zeros(n, np.int64)
-
+    shape = (NUM_STATES, n)
     out: dict[str, Any] = {
         "len": lengths,
         "first": first,
         "pending": token_states(flat, starts, lengths),
         "surrogate": surrogate,
-        "single_bytes": len(np.unique(first[lengths == 1])),
-        "next": [np.full(n, s, np.int64) for s in range(NUM_STATES)],
-        "lead": [lead] + [zeros() for _ in range(NUM_STATES - 1)],
-        "inner": [inner] + [zeros() for _ in range(NUM_STATES - 1)],
-        "trail": [trail] + [zeros() for _ in range(NUM_STATES - 1)],
-        "pure": [pure] + [np.zeros(n, bool) for _ in range(NUM_STATES - 1)],
-        "invalid": [np.zeros(n, bool) for _ in range(NUM_STATES)],
+        "single_bytes": int(np.count_nonzero(np.bincount(first[lengths == 1], minlength=256))),
+        "next": np.repeat(np.arange(NUM_STATES, dtype=np.int8)[:, None], n, axis=1),
+        "lead": np.zeros(shape, np.int32),
+        "inner": np.zeros(shape, np.int32),
+        "trail": np.zeros(shape, np.int32),
+        "pure": np.zeros(shape, bool),
+        "invalid": np.zeros(shape, bool),
     }
+    runs = _runs(flat, owner, starts[nonempty], ends[nonempty], lengths)
+    for key, value in zip(("lead", "inner", "trail", "pure"), runs, strict=True):
+        out[key][OUT] = value  # quoting tokens: overwritten by their walk below
+    # From an escape state, a token without quotes and backslashes is back in ``STR``
+    # (where it stays), or refused, after a byte or a few: its first byte, for all at
+    # once, then the few that go on, byte by byte
     plain = np.flatnonzero(nonempty & ~quoting)
-    for s in ESCAPING:
-        _walk(out, s, plain, flat, starts, lengths)
-    for t in np.flatnonzero(quoting).tolist():
-        for s in range(NUM_STATES):
-            if s == RAW:
-                continue
-            nxt, ld, inn, tr, pu, bad = lex_one(tb[t], s)
-            out["next"][s][t] = nxt
-            out["lead"][s][t] = ld
-            out["inner"][s][t] = inn
-            out["trail"][s][t] = tr
-            out["pure"][s][t] = pu
-            out["invalid"][s][t] = bad
+    escaping = np.array(ESCAPING)
+    after = TABLE[escaping[:, None], first[plain][None, :]]
+    bad = after == INVALID
+    block = np.ix_(escaping, plain)
+    out["next"][block] = np.where(bad, STR, after)
+    out["invalid"][block] = bad
+    go_on = np.nonzero(~bad & (after != STR) & (lengths[plain] > 1)[None, :])
+    _walk(out, escaping[go_on[0]], after[go_on], plain[go_on[1]], 1, flat, starts, lengths, quoting)
+    # tokens with quotes or backslashes, from every state but RAW, byte by byte
+    quoted = np.flatnonzero(quoting)
+    lexed = np.array([s for s in range(NUM_STATES) if s != RAW], dtype=np.int8)
+    begin = np.repeat(lexed, len(quoted))
+    _walk(out, begin, begin, np.tile(quoted, len(lexed)), 0, flat, starts, lengths, quoting)
     return out
 
 
 def _runs(
     flat: np.ndarray, owner: np.ndarray, starts: np.ndarray, ends: np.ndarray, lengths: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``lead, inner, trail, pure`` from ``OUT`` of tokens without quotes, for all."""
+    """``lead, inner, trail, pure`` from ``OUT`` of tokens without quotes, for all
+    (``starts``, ``ends``: of the tokens that are not empty)."""
     n = len(lengths)
-    is_ws = np.isin(flat, np.frombuffer(bytes(sorted(WS)), dtype=np.uint8))
-    pos = np.arange(len(flat))
-    run_start = is_ws & ((pos == starts[owner]) | ~np.concatenate(([False], is_ws[:-1])))
-    run_end = is_ws & ((pos == ends[owner] - 1) | ~np.concatenate((is_ws[1:], [False])))
-    rs, re_ = np.flatnonzero(run_start), np.flatnonzero(run_end)
-    run_len = re_ - rs + 1
+    is_ws = _IS_WS[flat]
+    at_first = np.zeros(len(flat), bool)  # a token's first byte
+    at_first[starts] = True
+    at_last = np.zeros(len(flat), bool)
+    at_last[ends - 1] = True
+    rs = np.flatnonzero(is_ws & (at_first | ~np.concatenate(([False], is_ws[:-1]))))
+    re_ = np.flatnonzero(is_ws & (at_last | ~np.concatenate((is_ws[1:], [False]))))
+    run_len = (re_ - rs + 1).astype(np.int32)
     run_tok = owner[rs]
-    at_start = rs == starts[run_tok]
-    at_end = re_ == ends[run_tok] - 1
-    lead = np.zeros(n, np.int64)
+    at_start, at_end = at_first[rs], at_last[re_]
+    lead = np.zeros(n, np.int32)
     lead[run_tok[at_start]] = run_len[at_start]
-    trail = np.zeros(n, np.int64)
+    trail = np.zeros(n, np.int32)
     trail[run_tok[at_end]] = run_len[at_end]
-    inner = np.zeros(n, np.int64)
+    inner = np.zeros(n, np.int32)
     np.maximum.at(inner, run_tok[~at_start], run_len[~at_start])
     pure = (lead == lengths) & (lengths > 0)
     inner[pure] = 0
@@ -183,23 +167,61 @@ def _runs(
 
 def _walk(
     out: dict[str, Any],
-    s: int,
+    start: np.ndarray,
+    state: np.ndarray,
     tokens: np.ndarray,
+    pos: int,
     flat: np.ndarray,
     starts: np.ndarray,
     lengths: np.ndarray,
+    quoting: np.ndarray,
 ) -> None:
-    """From escape state ``s``, ``tokens`` (no quote, no backslash) through `TABLE`
-    byte by byte, all at once, until each is back in ``STR``, ``INVALID`` or ends."""
-    idx = tokens
-    state = np.full(len(idx), s, np.int64)
-    pos = 0
+    """Token ``tokens[i]``, lexed from state ``start[i]`` and now in ``state[i]``
+    after its first ``pos`` bytes (outside strings at most at its start: ``pos`` 0),
+    through `TABLE`, a byte position at a time, all together: whitespace outside
+    strings counted in runs, until the token ends, writes a lone surrogate escape
+    (``INVALID``), or is back in ``STR`` with no quote or backslash in it (where it
+    stays). Writes each one's column of ``out``'s ``start`` rows."""
+    idx = np.arange(len(tokens))  # the walks still going
+    st = state.copy()
+    run = np.zeros(len(idx), np.int32)
+    lead = np.zeros(len(idx), np.int32)
+    inner = np.zeros(len(idx), np.int32)
+    only_ws = (st == OUT) & (pos == 0)  # from OUT, nothing but whitespace so far
     while len(idx):
-        state = TABLE[state, flat[starts[idx] + pos]]
+        tok = tokens[idx]
+        byte = flat[starts[tok] + pos]
         pos += 1
-        done = (state == STR) | (state == INVALID) | (lengths[idx] <= pos)
-        if done.any():
-            d, st = idx[done], state[done]
-            out["invalid"][s][d] = st == INVALID
-            out["next"][s][d] = np.where(st == INVALID, STR, st)
-            idx, state = idx[~done], state[~done]
+        at = np.flatnonzero(st == OUT)  # runs are counted here
+        if len(at):
+            ws = _IS_WS[byte[at]]
+            run[at[ws]] += 1
+            leave = at[~ws]  # a run outside strings ends here
+            first = only_ws[leave]
+            lead[leave[first]] = run[leave[first]]
+            later = leave[~first]
+            inner[later] = np.maximum(inner[later], run[later])
+            run[leave] = 0
+            only_ws[leave] = False
+        st = TABLE[st, byte]  # whitespace leaves OUT as it is
+        bad = st == INVALID
+        done = bad | (lengths[tok] <= pos) | ((st == STR) & ~quoting[tok])
+        if not done.any():
+            continue
+        s, t, ended, b = start[idx[done]], tok[done], st[done], bad[done]
+        out["next"][s, t] = np.where(b, STR, ended)
+        out["invalid"][s, t] = b
+        o, r = only_ws[done] & ~b, np.where(b, 0, run[done])
+        out["lead"][s, t] = np.where(o, r, np.where(b, 0, lead[done]))
+        out["inner"][s, t] = np.where(o | b, 0, np.maximum(inner[done], r))
+        out["trail"][s, t] = np.where(o | (ended == OUT), r, 0)
+        out["pure"][s, t] = o & (r > 0)
+        keep = ~done
+        idx, st, run, lead, inner, only_ws = (
+            idx[keep],
+            st[keep],
+            run[keep],
+            lead[keep],
+            inner[keep],
+            only_ws[keep],
+        )

@@ -78,10 +78,8 @@ def token_states(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
     position at a time, all of them and every start state together."""
     n = len(lengths)
     out = np.full((NUM_PENDING, n), ERROR, dtype=np.int8)
-    high = flat >= 0x80
-    owner = np.repeat(np.arange(n), lengths)
-    wide = np.zeros(n, bool)
-    wide[owner[high]] = True
+    high = np.concatenate(([0], np.cumsum(flat >= 0x80, dtype=np.int32)))
+    wide = high[starts + lengths] > high[starts]
     out[DONE, ~wide] = DONE
     idx = np.flatnonzero(wide)
     state = np.repeat(np.arange(NUM_PENDING, dtype=np.int8)[:, None], len(idx), axis=1)

@@ -187,14 +187,11 @@ def closing_bias(tokenizer: Tokenizer, strength: float) -> np.ndarray:
     bias = np.zeros(tokenizer.vocab_rows, dtype=np.float32)
     if strength == 0:
         return bias
-    closers = (b'"', b"'", b"}", b"]", b")", b"@")
-    for tid, b in enumerate(tokenizer.all_token_bytes):
-        if not b:
-            continue
-        if any(c in b for c in closers):
-            bias[tid] = strength
-        elif not b.strip():
-            bias[tid] = -strength
+    counts = byte_counts(tokenizer, (b"\"'}])@", b" \t\n\r\x0b\x0c"))
+    closing, spaces = counts[0] > 0, counts[1] == counts[-1]
+    n = len(closing)
+    bias[:n][spaces & (counts[-1] > 0)] = -strength  # what ``bytes.strip`` strips, only
+    bias[:n][closing] = strength
     for text, tid in tokenizer.special_tokens.items():
         low = text.lower()
         if text.startswith("</") or "end" in low or "/" in text:
@@ -202,3 +199,19 @@ def closing_bias(tokenizer: Tokenizer, strength: float) -> np.ndarray:
     for tid in tokenizer.stop_token_ids:
         bias[tid] = strength
     return bias
+
+
+def byte_counts(tokenizer: Tokenizer, sets: Sequence[bytes]) -> np.ndarray:
+    """``[len(sets) + 1, num_tokens]``: per token, how many of its bytes are in each of
+    ``sets``, and last its length; all tokens at once."""
+    tb = tokenizer.all_token_bytes
+    lengths = np.fromiter(map(len, tb), np.int64, len(tb))
+    flat = np.frombuffer(b"".join(tb), dtype=np.uint8)
+    owner = np.repeat(np.arange(len(tb)), lengths)
+    out = np.empty((len(sets) + 1, len(tb)), dtype=np.int64)
+    for i, chars in enumerate(sets):
+        member = np.zeros(256, dtype=bool)
+        member[list(chars)] = True
+        out[i] = np.bincount(owner[member[flat]], minlength=len(tb))
+    out[-1] = lengths
+    return out

@@ -10,7 +10,15 @@ import numpy as np
 import torch
 
 from ..model_options import RandomOptions
-from .base import ForwardBatch, ModelRunner, RunnerOptions, RunnerRow, closing_bias, logit_positions
+from .base import (
+    ForwardBatch,
+    ModelRunner,
+    RunnerOptions,
+    RunnerRow,
+    byte_counts,
+    closing_bias,
+    logit_positions,
+)
 
 #: distinct random logit rows the model draws from
 POOL_ROWS = 64
@@ -59,9 +67,8 @@ class RandomLogitsRunner(ModelRunner):
             np.flatnonzero(self._is_closer & self._is_special)
         ).to(self.device)
         digits = np.zeros(self.vocab_rows, dtype=np.int64)
-        for tid, b in enumerate(tokenizer.all_token_bytes):
-            if b and b.isdigit():
-                digits[tid] = len(b)
+        count, length = byte_counts(tokenizer, (b"0123456789",))
+        digits[: len(length)] = np.where((count == length) & (length > 0), length, 0)
         self._digits = digits
         self._digit_tokens = torch.from_numpy(np.flatnonzero(digits)).to(self.device)
         self._since: dict[str, list[int]] = {}  # request -> counters (see _grow_impatient)

@@ -134,6 +134,8 @@ def test_startup(tmp_path, capsys):
     records = _records(out)
     what = [r["method"] for r in records]
     assert what[:3] == ["handshake", "first plain request done", "first JSON request done"]
+    cpu = [r["extra"]["cpu_s"] for r in records[:3]]  # the engine's process tree, by then
+    assert 0 < cpu[0] <= cpu[1] <= cpu[2]
     assert any(w.startswith("phase: compile worker") for w in what)
     assert all(r["median_us"] > 0 for r in records)
     assert "handshake" in capsys.readouterr().out
