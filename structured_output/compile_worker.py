@@ -85,34 +85,6 @@ def _exit_with_parent(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _import_xgrammar():
-    """xgrammar, imported without transformers where that works: xgrammar imports it
-    at module level for its Hugging Face helpers, which a worker never uses, and it is
-    about half of xgrammar's import time (a second of CPU per worker start). Where
-    xgrammar's import needs more of transformers than names, it is imported whole."""
-    import importlib
-    import types
-
-    class _Absent(types.ModuleType):
-        def __getattr__(self, name: str) -> type:
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return type(name, (), {})
-
-    if "transformers" in sys.modules:
-        return importlib.import_module("xgrammar")
-    sys.modules["transformers"] = _Absent("transformers")
-    try:
-        return importlib.import_module("xgrammar")
-    except Exception:  # whatever failed: import the real thing instead
-        for name in [m for m in sys.modules if m.split(".")[0] in ("xgrammar", "transformers")]:
-            del sys.modules[name]
-        return importlib.import_module("xgrammar")
-    finally:
-        if isinstance(sys.modules.get("transformers"), _Absent):
-            del sys.modules["transformers"]
-
-
 def main() -> int:
     _exit_with_parent()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -128,7 +100,9 @@ def main() -> int:
         limit = init.memory_limit_bytes
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    xgr = _import_xgrammar()
+    from .xgrammar_import import import_xgrammar
+
+    xgr = import_xgrammar()
 
     from .specs import CompileOptions, GrammarError, GrammarSpec, compile_bounded
     from .vocab import build_tokenizer_info

@@ -62,9 +62,10 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Collection, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import xgrammar as xgr
 
 from . import utf8
 from .lexing import (
@@ -80,12 +81,6 @@ from .lexing import (
     step,
 )
 from .utf8 import AFTER_ED, DONE, ERROR, NUM_PENDING
-from .xgrammar_import import import_xgrammar
-
-if TYPE_CHECKING:
-    import xgrammar as xgr
-else:
-    xgr = import_xgrammar()  # the first import of xgrammar in the engine: without transformers
 
 #: up to this many rows, `GuardTable.apply` goes row by row
 _FEW = 8

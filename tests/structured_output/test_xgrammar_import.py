@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import sys
+from structured_output.xgrammar_import import import_xgrammar
+import_xgrammar()  # as the engine's process does first (engine_core.__main__)
 import engine_core.engine, engine_core.server  # all that the engine imports
 from engine_core.runners import RunnerOptions, create_runner
 from structured_output import GrammarSpec, LocalCompiler
@@ -42,10 +44,28 @@ print("helpers work")
 """
 
 
-def test_the_engine_imports_no_transformers_and_xgrammars_helpers_still_work():
+#: any other process: the project's modules import xgrammar whole, so xgrammar's
+#: Hugging Face logits processor is a real transformers logits processor there
+PLAIN = r"""
+import structured_output.guard, structured_output.compile_service, engine_core.engine
+import transformers, xgrammar
+assert issubclass(xgrammar.contrib.hf.LogitsProcessor, transformers.LogitsProcessor)
+print("whole")
+"""
+
+
+def _run(script: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["lean", "helpers", "work"]
+    return done.stdout.split()
+
+
+def test_the_engine_imports_no_transformers_and_xgrammars_helpers_still_work():
+    assert _run(SCRIPT) == ["lean", "helpers", "work"]
+
+
+def test_elsewhere_xgrammar_is_imported_whole():
+    assert _run(PLAIN) == ["whole"]
