@@ -9,7 +9,8 @@ then ``PH1`` after its backslash, ``PH2`` after ``u``, ``PH3`` after ``d``), and
 text that is not lexed (``RAW``). A byte that would write an escape of a lone
 surrogate (``\\udc00`` alone, ``\\ud83d`` followed by anything but ``\\udc00``-
 ``\\udfff``) leads to ``INVALID``: strict JSON parsers refuse those strings, and no
-UTF-8 encoder can write them out.
+UTF-8 encoder can write them out. So does a raw control character (U+0000 to U+001F)
+inside a string, which xgrammar's length-bounded strings let through.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ def _table() -> np.ndarray:
     t[OUT, :] = OUT
     t[OUT, ord('"')] = STR
     t[STR, :] = STR
+    t[STR, :0x20] = INVALID  # a raw control character: strict JSON parsers refuse it
     t[STR, ord('"')] = OUT
     t[STR, ord("\\")] = ESC
     t[ESC, :] = STR
+    t[ESC, :0x20] = INVALID
     t[ESC, ord("u")] = U0
     t[RAW, :] = RAW
     t[U0, :] = t[STR, :]  # not a digit: the escape is malformed (the grammar refuses it)
@@ -97,8 +100,10 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
     pair &= owner[:-1] == owner[1:]
     surrogate = np.zeros(n, bool)
     surrogate[owner[:-1][pair]] = True
+    # tokens whose walk through a string is not plain: a quote, a backslash, or a raw
+    # control character (refused inside strings) in them
     quoting = np.zeros(n, bool)
-    quoting[owner[(flat == 0x22) | (flat == 0x5C)]] = True
+    quoting[owner[(flat == 0x22) | (flat == 0x5C) | (flat < 0x20)]] = True
 
     shape = (NUM_STATES, n)
     out: dict[str, Any] = {

@@ -51,7 +51,8 @@ def reference_allows(data: bytes, limit: int, run: int = 0, raw: bool = False) -
     """Whether ``data`` (JSON text from its start, cut anywhere; ``raw``: any text)
     can be a prefix of text in which no run of whitespace outside strings is longer
     than ``limit`` (``run``: whitespace before ``data``), no ``ED`` byte is followed
-    by ``A0..BF`` and no ``\\u`` escape writes a lone surrogate; raw text: whether
+    by ``A0..BF``, no string holds a raw control character and no ``\\u`` escape
+    writes a lone surrogate; raw text: whether
     ``data`` is the start of valid UTF-8 (by Python's own decoder); None for text with
     a malformed escape, which no grammar of JSON lets through. Written apart from the
     guard: escapes are read whole, as code units."""
@@ -71,6 +72,8 @@ def reference_allows(data: bytes, limit: int, run: int = 0, raw: bool = False) -
                 run, in_str = 0, c == 0x22
             i += 1
             continue
+        if c < 0x20:
+            return False  # a raw control character: strict JSON refuses it
         if c != 0x5C:  # not an escape
             if high:
                 return False  # a high surrogate followed by anything but its low half
@@ -79,7 +82,7 @@ def reference_allows(data: bytes, limit: int, run: int = 0, raw: bool = False) -
             continue
         esc = data[i + 1 : i + 6]
         if esc[:1] != b"u":
-            if high and esc:
+            if (high and esc) or (esc and esc[0] < 0x20):
                 return False
             i += 2
             continue
@@ -512,3 +515,49 @@ def test_states_start_outside_strings(compilers):
     table = compilers[16].guard
     assert table.decode(table.start_json) == (lexing.OUT, 0, utf8.DONE)
     assert table.decode(table.start_raw) == (lexing.RAW, 0, utf8.DONE)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "maxLength": 8},
+        {"type": "string", "minLength": 2},
+        {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}}},
+    ],
+    ids=["maxLength", "minLength", "nested"],
+)
+def test_no_raw_control_character_inside_strings(qwen3, compilers, schema):
+    """xgrammar's length-bounded strings allow raw control characters (a tab, say),
+    which strict JSON parsers refuse: the guard bans every token that would write one
+    inside a string. Random walks through the masks then always give strict JSON."""
+    lc = compilers[16]
+    grammar = lc.compile(GrammarSpec.of("json_schema", json.dumps(schema)))
+    by_bytes = {b: t for t, b in enumerate(qwen3.all_token_bytes)}
+    plain = xgr.GrammarMatcher(grammar)
+    assert plain.accept_string('{"a": "' if "properties" in schema else '"')
+    assert plain.accept_token(by_bytes[b"\t"])  # what the guard is for
+    m = lc.matcher(grammar)
+    assert m.accept_string('{"a": "' if "properties" in schema else '"')
+    allowed = _allowed(qwen3, m)
+    # tokens with a raw control byte before any quote or backslash: still inside
+    controls = [
+        t
+        for t, b in enumerate(qwen3.all_token_bytes)
+        if t not in qwen3.special_ids and any(x < 0x20 for x in b.split(b'"')[0].split(b"\\")[0])
+    ]
+    assert controls and not allowed.intersection(controls)
+    assert allowed - {by_bytes[b'"']}  # the string may still go on
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        m = lc.matcher(grammar)
+        out = []
+        for _ in range(40):
+            if m.is_terminated():
+                break
+            ids = sorted(_allowed(qwen3, m))
+            t = int(ids[rng.integers(len(ids))])
+            assert m.accept_token(t)
+            if t not in qwen3.stop_token_ids:
+                out.append(t)
+        if m.is_terminated():
+            json.loads(qwen3.decode(out))  # strict: raw control characters are errors
