@@ -366,6 +366,12 @@ class ReasoningStream:
     the chunking; a marker cut across deltas is held back until it resolves. Without a
     tracker (no reasoning parser) everything is content; ``token_bytes`` then reads
     the ids.
+
+    Each side is decoded on its own, and a UTF-8 sequence the model left unfinished is
+    replaced (U+FFFD) where that side ends: the reasoning's at the end of the thinking,
+    in the push that ends it, not at the end of the output. So the replacement stands
+    where the model wrote the bytes, before the end marker, whatever the chunking (and
+    a newline before it is not the last character of the thinking).
     """
 
     __slots__ = ("tracker", "include_reasoning", "_tb", "_r", "_c", "answer_start")
@@ -394,7 +400,7 @@ class ReasoningStream:
             assert self._tb is not None
             return self._decode(TextSplit(b"", b"".join(map(self._tb, token_ids))), final=False)
         text, self.answer_start = self.tracker.split_bytes(token_ids)
-        return self._decode(text, final=False)
+        return self._decode(text, final=False, thinking_over=self.tracker.ended)
 
     def finish(self, tail: bytes = b"") -> DeltaSplit:
         """The output ended. ``tail``: the first bytes of a last token cut short (by a
@@ -407,8 +413,11 @@ class ReasoningStream:
             r, c = (r + tail, c) if thinking else (r, c + tail)
         return self._decode(TextSplit(r, c), final=True)
 
-    def _decode(self, text: TextSplit, final: bool) -> DeltaSplit:
-        r = self._r.decode(text.reasoning, final) if (text.reasoning or final) else ""
+    def _decode(self, text: TextSplit, final: bool, thinking_over: bool = False) -> DeltaSplit:
+        """``thinking_over``: no reasoning byte can follow (the answer began), so the
+        reasoning's unfinished UTF-8 sequence is replaced now (see the class docstring)."""
+        end_r = final or thinking_over
+        r = self._r.decode(text.reasoning, end_r) if (text.reasoning or end_r) else ""
         c = self._c.decode(text.content, final) if (text.content or final) else ""
         return DeltaSplit(r if self.include_reasoning else "", c)
 

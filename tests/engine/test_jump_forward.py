@@ -302,38 +302,47 @@ def _ending_texts(base: str, tok) -> list[str]:
     return sorted(ends)
 
 
-#: tool sets per family with the random model: the default run takes the first (its
-#: four grammars: required and named, parallel calls on and off); ``-m slow`` two
+#: tool sets per family with the random model: the default run takes the first, with
+#: its four grammars (required and named, parallel calls on and off) where the
+#: vocabulary has one family, and two of them where it has several (one with parallel
+#: calls, one without, alternating between the families, so all four ways run);
+#: ``-m slow`` two, with all four grammars each
 RANDOM_TOOL_SETS = 1
 FULL_RANDOM_TOOL_SETS = 2
 
 
 @pytest.mark.parametrize("base", VOCABS)
 def test_random_outputs_with_jump_forward_are_valid_and_stream_as_whole(base, tmp_path):
-    _check_random(base, tmp_path, RANDOM_TOOL_SETS)
+    _check_random(base, tmp_path, RANDOM_TOOL_SETS, every_way=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("base", VOCABS)
 def test_random_outputs_with_jump_forward_are_valid_and_stream_as_whole_full(base, tmp_path):
-    _check_random(base, tmp_path, FULL_RANDOM_TOOL_SETS)
+    _check_random(base, tmp_path, FULL_RANDOM_TOOL_SETS, every_way=True)
 
 
-def _check_random(base: str, tmp_path, tool_sets_per_family: int) -> None:
+def _ways(i: int, named: str, every_way: bool) -> list[tuple[str | None, bool]]:
+    """(named, parallel) of the grammars of family ``i``: all four, or two that
+    alternate with ``i``."""
+    if every_way:
+        return [(n, p) for n in (None, named) for p in (True, False)]
+    return [(None, i % 2 == 0), (named, i % 2 == 1)]
+
+
+def _check_random(base: str, tmp_path, tool_sets_per_family: int, every_way: bool) -> None:
     tok = load_tokenizer(base).with_special_tokens(_markers(base))
     core = _core(tmp_path, base, model="random", jump=True, ending_texts=_ending_texts(base, tok))
     cases: list[tuple[str, str, str | None, bool, list[FunctionTool], GrammarSpec]] = []
-    for fam in BASES[base]:
+    every_way = every_way or len(BASES[base]) == 1
+    for i, fam in enumerate(BASES[base]):
         fmt = create_tool_format(fam, tok)
         seed = zlib.crc32(fam.encode())
         for k, tools in enumerate(tool_sets(seed, tool_sets_per_family)):
             rng = random.Random(seed + k)
-            for named in (None, rng.choice(tools).name):
-                for parallel in (True, False):
-                    spec = fmt.constraint(tools, named=named, parallel=parallel)
-                    cases.append(
-                        (f"{fam}-{k}-{named}-{parallel}", fam, named, parallel, tools, spec)
-                    )
+            for named, parallel in _ways(i, rng.choice(tools).name, every_way):
+                spec = fmt.constraint(tools, named=named, parallel=parallel)
+                cases.append((f"{fam}-{k}-{named}-{parallel}", fam, named, parallel, tools, spec))
     try:
         for i, (tag, _, _, _, _, spec) in enumerate(cases):
             req = EngineCoreRequest(

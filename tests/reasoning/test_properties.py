@@ -21,11 +21,14 @@ from reasoning import AnswerStart, Phase, ReasoningStream, ReasoningTracker
 from .cases import CASES, Case, chunkings, chunks, output_strategy, parser_for, tokenizer_for
 
 
-def _settings(examples: int) -> settings:
-    """Example counts sized so the whole suite runs in well under a minute on 2 cores."""
-    return settings(
+def _property(body, examples: int, *, slow: bool = False):
+    """``body(case, data)`` as a hypothesis test of ``examples`` examples; ``slow``: under
+    ``-m slow``. Each property runs at a default-run volume sized so that the whole suite
+    takes well under a minute on 2 cores, and ten times that in its ``_full`` twin."""
+    test = settings(
         max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-    )
+    )(given(data=st.data())(body))
+    return pytest.mark.slow(test) if slow else test
 
 
 pytestmark = pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -69,9 +72,7 @@ def _feed_engine(
     return found
 
 
-@_settings(100)
-@given(data=st.data())
-def test_split_matches_oracle_and_stream(case: Case, data: st.DataObject) -> None:
+def _split_matches_oracle_and_stream(case: Case, data: st.DataObject) -> None:
     parser, tok = parser_for(case), tokenizer_for(case)
     phase, ids = _draw_output(data, case)
     expected = case.oracle(tok, ids, phase)
@@ -105,9 +106,13 @@ def test_split_matches_oracle_and_stream(case: Case, data: st.DataObject) -> Non
     assert hidden.num_reasoning_tokens == stream.num_reasoning_tokens
 
 
-@_settings(60)
-@given(data=st.data())
-def test_engine_agrees_with_front_end(case: Case, data: st.DataObject) -> None:
+test_split_matches_oracle_and_stream = _property(_split_matches_oracle_and_stream, 50)
+test_split_matches_oracle_and_stream_full = _property(
+    _split_matches_oracle_and_stream, 500, slow=True
+)
+
+
+def _engine_agrees_with_front_end(case: Case, data: st.DataObject) -> None:
     # (2): the engine's answer start (its own chunking) is the front end's
     parser = parser_for(case)
     phase, ids = _draw_output(data, case)
@@ -121,9 +126,11 @@ def test_engine_agrees_with_front_end(case: Case, data: st.DataObject) -> None:
     assert engine.num_reasoning_tokens == front.num_reasoning_tokens
 
 
-@_settings(60)
-@given(data=st.data())
-def test_rollback_then_refeed(case: Case, data: st.DataObject) -> None:
+test_engine_agrees_with_front_end = _property(_engine_agrees_with_front_end, 30)
+test_engine_agrees_with_front_end_full = _property(_engine_agrees_with_front_end, 300, slow=True)
+
+
+def _rollback_then_refeed(case: Case, data: st.DataObject) -> None:
     # (5): a tracker fed P, then X, rolled back over all of X (or part of it), then fed
     # the rest behaves exactly as one fed only what was kept.
     parser = parser_for(case)
@@ -154,9 +161,11 @@ def test_rollback_then_refeed(case: Case, data: st.DataObject) -> None:
         assert rolled.num_reasoning_tokens == plain.num_reasoning_tokens
 
 
-@_settings(50)
-@given(data=st.data())
-def test_engine_hints(case: Case, data: st.DataObject) -> None:
+test_rollback_then_refeed = _property(_rollback_then_refeed, 30)
+test_rollback_then_refeed_full = _property(_rollback_then_refeed, 300, slow=True)
+
+
+def _engine_hints(case: Case, data: st.DataObject) -> None:
     """In UNDECIDED, a start-marker continuation never starts the answer; in THINKING,
     feeding `end_marker_ids` closes reasoning with its last id."""
     parser = parser_for(case)
@@ -180,6 +189,10 @@ def test_engine_hints(case: Case, data: st.DataObject) -> None:
             tracker.rollback(len(forced))
             assert tracker.phase == Phase.THINKING
         tracker.advance(ids[i : i + 1])
+
+
+test_engine_hints = _property(_engine_hints, 25)
+test_engine_hints_full = _property(_engine_hints, 250, slow=True)
 
 
 def _grammar_text(parser, phase: Phase, ids: Sequence[int]) -> bytes | None:
@@ -212,9 +225,7 @@ def _grammar_text(parser, phase: Phase, ids: Sequence[int]) -> bytes | None:
     return None if fed is None else b"".join(fed)
 
 
-@_settings(60)
-@given(data=st.data())
-def test_content_is_what_the_grammar_saw(case: Case, data: st.DataObject) -> None:
+def _content_is_what_the_grammar_saw(case: Case, data: st.DataObject) -> None:
     """Layout is read alike on both sides: for a family without an answer wrapper, the
     front end's content is exactly the text the engine feeds the answer's grammar."""
     parser = parser_for(case)
@@ -227,3 +238,9 @@ def test_content_is_what_the_grammar_saw(case: Case, data: st.DataObject) -> Non
         assert found is None
         return
     assert content == fed
+
+
+test_content_is_what_the_grammar_saw = _property(_content_is_what_the_grammar_saw, 30)
+test_content_is_what_the_grammar_saw_full = _property(
+    _content_is_what_the_grammar_saw, 300, slow=True
+)

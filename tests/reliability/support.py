@@ -1,6 +1,7 @@
 """What the reliability tests share beside the engine harness (`tests.support.engine`):
 a raw ZeroMQ peer that sends hand-made frames, background traffic that must finish
-untouched, and the engine's resident memory."""
+untouched, the engine's resident memory and its compile workers, and the engine the
+fault tests serve."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 import zmq
 
 from engine_core.client import EngineClient, RequestOutput
@@ -34,7 +36,7 @@ from ipc import (
     StructuredOutputSpec,
     WireError,
 )
-from tests.support.engine import LoopThread
+from tests.support.engine import LoopThread, Served
 from tests.support.prompts import chat_prompt
 
 PROMPT = chat_prompt()
@@ -74,6 +76,137 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def wait_until(
+    cond: Callable[[], object], timeout_s: float, what: str, step: float = 0.05
+) -> float:
+    """Poll ``cond`` until it is true; the seconds it took (fails after ``timeout_s``)."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout_s, f"{what}: not within {timeout_s} s"
+        time.sleep(step)
+    return time.monotonic() - t0
+
+
+def figures_report(title: str, figures: dict[str, object]):
+    """A module's autouse fixture that prints the figures its tests measured, at its end
+    (``report = figures_report("faults", FIGURES)``)."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def report():
+        yield
+        if figures:
+            print(f"\n{title}:", figures)
+
+    return report
+
+
+# ----- compile workers --------------------------------------------------------------
+
+
+def compile_workers(engine_pid: int) -> list[int]:
+    """The engine's compile worker processes."""
+    return [p for p in children(engine_pid) if b"compile_worker" in _read(f"/proc/{p}/cmdline")]
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def cpu_ticks(pid: int) -> int:
+    """CPU time of ``pid`` so far, in clock ticks (0 once it is gone)."""
+    fields = _read(f"/proc/{pid}/stat").decode().rsplit(")", 1)[-1].split()
+    return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
+
+
+def idle_workers(engine_pid: int, n: int, log=None, timeout_s: float = 120) -> list[int]:
+    """Wait until the engine has ``n`` compile workers, all ready (when its log is
+    given: the engine logs each worker it has started) and idle."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = compile_workers(engine_pid)
+        ready = ready_workers(log()) if log else set(workers)
+        if len(workers) == n and set(workers) <= ready:
+            t0 = {p: cpu_ticks(p) for p in workers}
+            time.sleep(0.5)
+            if all(cpu_ticks(p) - t0[p] <= 1 for p in workers):
+                return workers
+        else:
+            time.sleep(0.2)
+    raise AssertionError(f"no {n} idle compile workers within {timeout_s} s")
+
+
+def busy_worker(engine_pid: int, timeout_s: float = 60, exclude: set[int] = frozenset()) -> int:
+    """The compile worker that is compiling: busy on the CPU in two half-second
+    windows in a row (a worker just started, or just done, is busy only briefly)."""
+    deadline = time.monotonic() + timeout_s
+    last: int | None = None
+    while time.monotonic() < deadline:
+        t0 = {p: cpu_ticks(p) for p in compile_workers(engine_pid) if p not in exclude}
+        time.sleep(0.5)
+        delta = {p: cpu_ticks(p) - t for p, t in t0.items()}
+        busy = max(delta, key=lambda p: delta[p]) if delta and max(delta.values()) >= 5 else None
+        if busy is not None and busy == last:
+            return busy
+        last = busy
+    raise AssertionError("no compile worker got busy")
+
+
+def ready_workers(log: str) -> set[int]:
+    """The compile workers the engine's log says are ready."""
+    return set(map(int, re.findall(r"compile worker (\d+) is ready", log)))
+
+
+#: a schema that takes xgrammar tens of seconds to compile on this machine
+SLOW_SCHEMA = json.dumps(
+    {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2500)}}
+)
+#: one that takes a few seconds to compile (2.5 s here when the machine is quiet), and
+#: not too much to send back (52 MB serialized)
+MEDIUM_SCHEMA = json.dumps({"enum": [f"member-{i}" for i in range(20_000)]})
+
+
+# ----- the engine the fault tests serve, as an operator serves it -------------------
+
+CLIENT_TIMEOUT_S = 2.0
+MAX_WAITING = 200
+CLIENT_BACKLOG = 1000
+FAULTS_ENGINE_ARGS = (
+    "--model",
+    "random",
+    "--max-num-seqs",
+    "128",
+    "--client-timeout-s",
+    str(CLIENT_TIMEOUT_S),
+    "--max-waiting",
+    str(MAX_WAITING),
+    "--client-backlog",
+    str(CLIENT_BACKLOG),
+    "--compile-timeout-s",
+    "120",
+    "--seed",
+    "21",
+)
+
+
+def assert_nothing_left(served: Served, name: str) -> None:
+    """After a test on a shared engine: no request, guide or compile is left."""
+
+    async def settled():
+        for _ in range(200):
+            h = await served.client.health()
+            if not (h.num_requests or h.num_guides or h.num_compiling):
+                return h
+            await asyncio.sleep(0.05)
+        return h
+
+    h = served.run(settled, 60)
+    print(f"[{name}: engine RSS {rss_kib(served.engine.pid) / 1024:.0f} MiB after]")
+    assert (h.num_requests, h.num_guides, h.num_compiling) == (0, 0, 0), h
 
 
 # ----- a raw peer -----------------------------------------------------------------
@@ -274,6 +407,14 @@ def check_outcomes(
             else:
                 assert re.fullmatch(REGEX, text), text
     return counts
+
+
+async def drain(client: EngineClient, req: EngineCoreRequest) -> RequestOutput | None:
+    """Run one request to its end; its last output."""
+    last = None
+    async for out in client.generate(req):
+        last = out
+    return last
 
 
 def outputs_of(messages: Sequence[Any]) -> list:

@@ -153,18 +153,13 @@ def unbounded(qwen3):
     )
 
 
-@pytest.mark.parametrize("limit", LIMITS)
-def test_table_agrees_with_a_byte_lexer(qwen3, compilers, limit):
-    """Every token that holds whitespace, a quote, a backslash or a byte of a
-    surrogate's encoding, that starts with a continuation byte or is ill-formed UTF-8,
-    and a sample of the rest, from every lexical state and, in raw text, every UTF-8
-    pending state: the mask and the next state agree with the byte lexer above."""
-    table = compilers[limit].guard
-    tb = qwen3.all_token_bytes
-    rng = random.Random(limit)
-    interesting = [
+@pytest.fixture(scope="module")
+def interesting(qwen3) -> list[int]:
+    """The tokens that hold whitespace, a quote, a backslash or a byte of a surrogate's
+    encoding, that start with a continuation byte or are ill-formed UTF-8."""
+    return [
         t
-        for t, b in enumerate(tb)
+        for t, b in enumerate(qwen3.all_token_bytes)
         if t not in qwen3.special_ids
         and b
         and (
@@ -175,6 +170,16 @@ def test_table_agrees_with_a_byte_lexer(qwen3, compilers, limit):
             or b[:1] in HEX_OR_U
         )
     ]
+
+
+@pytest.mark.parametrize("limit", LIMITS)
+def test_table_agrees_with_a_byte_lexer(qwen3, compilers, interesting, limit):
+    """Every `interesting` token and a sample of the rest, from every lexical state
+    and, in raw text, every UTF-8 pending state: the mask and the next state agree with
+    the byte lexer above."""
+    table = compilers[limit].guard
+    tb = qwen3.all_token_bytes
+    rng = random.Random(limit)
     tokens = interesting + rng.sample(range(len(tb)), 3000)
     states = [(lexing.OUT, run, utf8.DONE) for run in range(limit + 1)]
     states += [(lex, 0, utf8.DONE) for lex in PREFIX if lex != lexing.OUT]
@@ -198,6 +203,22 @@ def test_table_agrees_with_a_byte_lexer(qwen3, compilers, limit):
         # a special token writes a marker, not bytes: never after an incomplete character
         if lex == lexing.RAW:
             assert all(bit(words, t) == (u == utf8.DONE) for t in qwen3.special_ids)
+
+
+def _blank_tokens(tok) -> np.ndarray:
+    """Per token row: whether it is an ordinary token of whitespace only."""
+    blank = np.zeros(tok.vocab_rows, dtype=bool)
+    for t, b in enumerate(tok.all_token_bytes):
+        blank[t] = bool(b) and not b.strip(WS) and t not in tok.special_ids
+    return blank
+
+
+def _allowed_row(row: torch.Tensor, tok) -> np.ndarray:
+    """The ids a mask row allows, stop tokens left out, in order."""
+    ids = np.flatnonzero(
+        np.unpackbits(row.numpy().view(np.uint8), bitorder="little")[: tok.vocab_rows]
+    )
+    return ids[~np.isin(ids, tok.stop_token_ids)]
 
 
 def _strip_bounds(fmt):
@@ -241,8 +262,7 @@ def test_guarded_masks_equal_xgrammars_bounded_whitespace(qwen3, compilers, unbo
     guarded = lc.compile(spec)
     assert guarded.json_text
     twin = _bounded_twin(lc, spec, limit)
-    tb = qwen3.all_token_bytes
-    blanks = {t for t, b in enumerate(tb) if b and not b.strip(WS) and t not in qwen3.special_ids}
+    blanks = _blank_tokens(qwen3)
     stops = list(qwen3.stop_token_ids)
     mask = torch.zeros((2, (qwen3.vocab_rows + 31) // 32), dtype=torch.int32)
     rng = random.Random(hash(name) & 0xFFFF ^ limit)
@@ -260,7 +280,7 @@ def test_guarded_masks_equal_xgrammars_bounded_whitespace(qwen3, compilers, unbo
             theirs &= np.unpackbits(same.view(np.uint8), bitorder="little").astype(bool)
             assert np.array_equal(ours.astype(bool), theirs), (name, steps)
             allowed = np.flatnonzero(ours[: qwen3.vocab_rows])
-            spaced = [t for t in allowed.tolist() if t in blanks]
+            spaced = allowed[blanks[allowed]].tolist()
             t = rng.choice(spaced) if spaced and rng.random() < 0.6 else int(rng.choice(allowed))
             if t in stops:
                 break
@@ -287,10 +307,7 @@ def test_rollback_and_strings_keep_the_state(qwen3, compilers):
                 del done[-n:]
                 continue
             m.fill_next_token_bitmask(bm)
-            allowed = np.flatnonzero(
-                np.unpackbits(bm[0].numpy().view(np.uint8), bitorder="little")[: qwen3.vocab_rows]
-            )
-            allowed = [t for t in allowed.tolist() if t not in qwen3.stop_token_ids]
+            allowed = _allowed_row(bm[0], qwen3).tolist()
             if not allowed:
                 break
             t = rng.choice(allowed)
@@ -318,17 +335,17 @@ def test_the_filler_guards_every_row_as_a_single_fill_does(qwen3, compilers):
     rng = random.Random(3)
     words = (qwen3.vocab_rows + 31) // 32
     one = torch.zeros((1, words), dtype=torch.int32)
+    is_blank = np.array([not b.strip(WS) for b in qwen3.all_token_bytes])
     matchers = []
     for i in range(40):
         m = lc.matcher(grammars[i % len(grammars)])
         for _ in range(rng.randrange(20)):
             m.fill_next_token_bitmask(one)
-            bits = np.unpackbits(one[0].numpy().view(np.uint8), bitorder="little")
-            allowed = [t for t in np.flatnonzero(bits[: qwen3.vocab_rows]).tolist()]
-            allowed = [t for t in allowed if t not in qwen3.stop_token_ids]
+            ids = _allowed_row(one[0], qwen3)
+            allowed = ids.tolist()
             if not allowed:
                 break
-            blanks = [t for t in allowed if not qwen3.all_token_bytes[t].strip(WS)]
+            blanks = ids[is_blank[ids]].tolist()
             t = rng.choice(blanks) if blanks and rng.random() < 0.5 else rng.choice(allowed)
             assert m.accept_token(t)
         matchers.append(m)
