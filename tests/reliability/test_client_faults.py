@@ -50,7 +50,9 @@ report = figures_report("client faults", FIGURES)
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    yield from serve(FAULTS_ENGINE_ARGS, tmp_path_factory, "client-faults")
+    yield from serve(
+        [*FAULTS_ENGINE_ARGS, "--compile-workers", "0"], tmp_path_factory, "client-faults"
+    )
 
 
 @pytest.fixture(autouse=True)

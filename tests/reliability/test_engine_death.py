@@ -20,6 +20,7 @@ from ipc import (
     StructuredOutputSpec,
 )
 from structured_output.config import StructuredOutputConfig
+from tests.support.engine import NO_WORKERS
 
 from .support import (
     PROMPT,
@@ -93,7 +94,9 @@ def test_engine_killed_under_load_fails_every_request_within_2s_and_a_new_one_st
         )
         # a new engine starts and serves
         t0 = time.monotonic()
-        fresh = await EngineClient.spawn(EngineConfig(model="random", seed=6))
+        fresh = await EngineClient.spawn(
+            EngineConfig(model="random", seed=6, structured_output=NO_WORKERS)
+        )
         try:
             startup = time.monotonic() - t0
             last = None
