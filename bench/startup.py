@@ -61,8 +61,8 @@ print(json.dumps(out))
 _WORKER = r"""
 import json, sys, time
 t, c = time.perf_counter(), time.process_time()
-from structured_output.compile_worker import _import_xgrammar
-_import_xgrammar()
+from structured_output.xgrammar_import import import_xgrammar
+import_xgrammar()
 t2, c2 = time.perf_counter(), time.process_time()
 print(json.dumps([("compile worker: import xgrammar without transformers", t2 - t, c2 - c)]))
 """
