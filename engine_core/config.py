@@ -301,6 +301,35 @@ def _or_none(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+class _Store(argparse.Action):
+    """Stores one value. Python's argparse before 3.13 takes a value of exactly
+    ``--`` (``--tokenizer=--``, as `EngineConfig.to_args` writes it) for the end of
+    the options and hands the action no value at all: the value is put back here,
+    converted and checked like any other."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, self._value(values))
+
+    def _value(self, values: Any) -> Any:
+        if values != []:
+            return values
+        try:
+            value = self.type("--") if self.type else "--"
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
+            raise argparse.ArgumentError(self, f"invalid value: '--' ({e})") from None
+        if self.choices is not None and value not in self.choices:
+            raise argparse.ArgumentError(self, "invalid choice: '--'")
+        return value
+
+
+class _Append(_Store):
+    """Appends one value per use of the flag (``--`` kept, as by `_Store`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        items = list(getattr(namespace, self.dest, None) or [])
+        setattr(namespace, self.dest, [*items, self._value(values)])
+
+
 def _add(
     group: argparse._ActionsContainer,
     dest: str,
@@ -334,13 +363,13 @@ def _add(
             raise TypeError(f"setting {dest}: a flag that is on by default cannot be turned off")
         kwargs.update(action="store_true", default=False)
     elif origin is tuple:
-        kwargs.update(action="append", type=typing.get_args(hint)[0], default=None)
+        kwargs.update(action=_Append, type=typing.get_args(hint)[0], default=None)
     elif origin is dict:
-        kwargs.update(type=_json_object, default=None)
+        kwargs.update(action=_Store, type=_json_object, default=None)
     elif _spells_none(f, declared):
-        kwargs.update(type=_or_none(hint), default=default)
+        kwargs.update(action=_Store, type=_or_none(hint), default=default)
     else:
-        kwargs.update(type=hint, default=default)
+        kwargs.update(action=_Store, type=hint, default=default)
     if given_only:
         kwargs["default"] = None
     group.add_argument(flag_of(f), **kwargs)

@@ -133,6 +133,23 @@ def test_to_args_reproduces_any_config(config):
     assert _parse(config.to_args()) == config
 
 
+def test_a_value_of_two_dashes_survives_the_command_line(capsys):
+    """argparse before Python 3.13 drops a value of exactly ``--`` (the property above
+    draws one now and then): single, repeated and runner-option flags keep it, and a
+    number flag refuses it by name."""
+    config = EngineConfig(
+        tokenizer="--",
+        reasoning_parser_plugin="--",
+        extra_special_tokens=("--", "-x", "--"),
+        runner_options={"ending_texts": ["--"]},
+    )
+    assert _parse(config.to_args()) == config
+    assert _parse(["--ending-text=--"]).runner_options == {"ending_texts": ["--"]}
+    with pytest.raises(SystemExit):
+        _parse(["--max-num-seqs=--"])
+    assert "argument --max-num-seqs: invalid value: '--'" in capsys.readouterr().err
+
+
 def test_flags_cannot_set_a_default_back_to_none():
     with pytest.raises(ValueError, match="cannot be set back"):
         dataclasses.replace(EngineConfig(), model=None).to_args()  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -145,6 +146,50 @@ def _engine(tmp_path, base: str, cases, *, model: str, jump=False, drafts=0, **o
     return _core(tmp_path, base, model=model, jump=jump, drafts=drafts, script=script, **own)
 
 
+#: what the model means to write after the end marker: no family's call, no spec's answer
+JUNK = "Sure! I will not call anything: {'city': Paris} <<done>>"
+
+
+def _junk_cases(base: str, quick: bool):
+    """The cases whose script writes `JUNK` after the thought, under tags of their own."""
+    thought = THOUGHT if base == "qwen3" else ""
+    return [("[junk-" + c[0][1:], *c[1:5], thought + JUNK, c[6]) for c in _all_cases(base, quick)]
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    """``scripted(base, drafts, jump)``: the scripted engine of this module for that
+    base, draft count and jump forward, made on first use and shared by the tests (its
+    script holds every case of the base, the `JUNK` ones under their own tags; each
+    test runs its requests to the end, puts back any drafter it swaps in, and seeds its
+    requests: an unseeded request takes its model seed from the engine's generator,
+    which every earlier request has moved on)."""
+    made: dict[tuple[str, int, bool], EngineCore] = {}
+
+    def get(base: str, drafts: int, jump: bool = False) -> EngineCore:
+        key = (base, drafts, jump)
+        if key not in made:
+            cases = [*_all_cases(base, quick=False), *_junk_cases(base, quick=False)]
+            path = tmp_path_factory.mktemp("scripted")
+            made[key] = _engine(path, base, cases, model="scripted", jump=jump, drafts=drafts)
+        return made[key]
+
+    yield get
+    for core in made.values():
+        core.close()
+
+
+@contextlib.contextmanager
+def _drafter(core: EngineCore, drafter):
+    """``core`` proposing its drafts with ``drafter`` (None: its own) for the block."""
+    own = core.drafter
+    core.drafter = drafter or own
+    try:
+        yield core
+    finally:
+        core.drafter = own
+
+
 def _submit(core: EngineCore, cases, thinking: bool, max_tokens=160, **sampling) -> None:
     tok = core.tokenizer
     for i, (tag, *_, spec, _text, _check) in enumerate(cases):
@@ -190,19 +235,17 @@ def _same(a, b) -> bool:
         pytest.param("o200k_harmony", False, marks=pytest.mark.slow),
     ],
 )
-def test_greedy_outputs_are_the_same_with_and_without_drafts(base, quick, tmp_path):
+def test_greedy_outputs_are_the_same_with_and_without_drafts(base, quick, scripted):
     cases = list(_all_cases(base, quick))
     thinking = base == "qwen3"
     runs = {}
     for jump, drafts in ((False, 0), (False, K), (True, K)):
-        core = _engine(tmp_path, base, cases, model="scripted", jump=jump, drafts=drafts)
-        try:
-            _submit(core, cases, thinking, temperature=0.0)
-            got = _drain(core)
-            if drafts:
-                assert core.num_accepted_drafts > 0
-        finally:
-            core.close()
+        core = scripted(base, drafts, jump)
+        accepted = core.num_accepted_drafts
+        _submit(core, cases, thinking, temperature=0.0, seed=0)
+        got = _drain(core)
+        if drafts:
+            assert core.num_accepted_drafts > accepted
         # per case: ids, parsed answer, and the steps it took (one output per step)
         runs[jump, drafts] = {
             c[0]: (*_checked(core.tokenizer, c, got[c[0]], thinking), len(got[c[0]])) for c in cases
@@ -250,30 +293,27 @@ class OracleDrafter:
         return (script + [self.runner.tokenizer.eos_token_id] + script)[n : n + min(k, self.k)]
 
 
-def test_stops_and_max_tokens_inside_kept_drafts_end_the_output_there(tmp_path):
+def test_stops_and_max_tokens_inside_kept_drafts_end_the_output_there(scripted):
     cases = list(_all_cases("qwen3", quick=True))
     runs = {}
     for drafts in (0, 6):
-        core = _engine(tmp_path, "qwen3", cases, model="scripted", drafts=drafts)
-        try:
-            if drafts:
-                core.drafter = OracleDrafter(core.runner, drafts)
+        core = scripted("qwen3", drafts)
+        accepted = core.num_accepted_drafts
+        with _drafter(core, OracleDrafter(core.runner, drafts) if drafts else None):
             tok = core.tokenizer
             for tag, *_, spec, _text, _check in cases:
                 for max_tokens in (160, 23, 41):
                     req = EngineCoreRequest(
                         f"{tag}#{max_tokens}",
                         _prompt(tok, tag, True),
-                        SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                        SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=max_tokens),
                         StructuredOutputSpec(spec.kind.value, spec.value),
                         reasoning_ended=False,
                     )
                     assert core.add_request(b"t", req) == []
             runs[drafts] = _drain(core)
             if drafts:
-                assert core.num_accepted_drafts > 0
-        finally:
-            core.close()
+                assert core.num_accepted_drafts > accepted
     for rid, outputs in runs[6].items():
         ids = [t for o in outputs for t in o.new_token_ids]
         assert ids == [t for o in runs[0][rid] for t in o.new_token_ids], rid
@@ -342,10 +382,6 @@ def _drain_checking_guides(core: EngineCore) -> dict[str, list]:
     return got
 
 
-#: what the model means to write after the end marker: no family's call, no spec's answer
-JUNK = "Sure! I will not call anything: {'city': Paris} <<done>>"
-
-
 @pytest.mark.parametrize(
     "base,quick",
     [
@@ -354,23 +390,19 @@ JUNK = "Sure! I will not call anything: {'city': Paris} <<done>>"
         pytest.param("llama3", False, marks=pytest.mark.slow),
     ],
 )
-def test_drafts_the_grammar_rejects_after_the_end_marker_are_never_kept(base, quick, tmp_path):
+def test_drafts_the_grammar_rejects_after_the_end_marker_are_never_kept(base, quick, scripted):
     thinking = base == "qwen3"
-    thought = THOUGHT if thinking else ""
-    cases = [(*c[:5], thought + JUNK, c[6]) for c in _all_cases(base, quick)]
+    cases = _junk_cases(base, quick)
     runs = {}
     for drafts in (0, 6):
-        core = _engine(tmp_path, base, cases, model="scripted", drafts=drafts)
-        try:
-            if drafts:
-                core.drafter = UnmaskedDrafter(core.runner, drafts)
-            _submit(core, cases, thinking, max_tokens=96, temperature=0.0)
+        core = scripted(base, drafts)
+        accepted = core.num_accepted_drafts
+        with _drafter(core, UnmaskedDrafter(core.runner, drafts) if drafts else None):
+            _submit(core, cases, thinking, max_tokens=96, temperature=0.0, seed=0)
             got = _drain_checking_guides(core)
             if drafts:
-                assert core.num_accepted_drafts > 0
+                assert core.num_accepted_drafts > accepted
                 assert core.drafter.crossing > 0 or not thinking
-        finally:
-            core.close()
         runs[drafts] = got
     tok = core.tokenizer
     for c in cases:

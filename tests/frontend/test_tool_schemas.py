@@ -54,7 +54,11 @@ from tests.support.toolsets import string_tool_set
 from tokenization import load_tokenizer
 
 CI_TOOL_SETS = 1
-CI_STRING_SETS = 2  # the guard's own properties (test_utf8.py) are the exhaustive check
+#: free-text tool sets, each grammar generated CI_STRING_SAMPLES times (with other
+#: seeds: a compile costs far more than a generation); the guard's own properties
+#: (test_utf8.py) are the exhaustive check
+CI_STRING_SETS = 1
+CI_STRING_SAMPLES = 2
 FULL_TOOL_SETS = 100
 MAX_TOKENS = 512
 MIN_FINISHED = 0.9
@@ -127,10 +131,13 @@ def _ending_texts(names: list[str], tok) -> list[str]:
     return sorted(ends)
 
 
-def _round_trip(core: EngineCore, name: str, count: int, make_tools=contradictory_tool_set) -> None:
+def _round_trip(
+    core: EngineCore, name: str, count: int, make_tools=contradictory_tool_set, samples: int = 1
+) -> None:
     """``count`` tool sets from ``make_tools``, each forced three ways (required with
-    parallel calls, required with one, named): every output that finished with stop is
-    valid UTF-8 (`Finished.text`), its calls valid, and its stream equal to its whole."""
+    parallel calls, required with one, named) and generated ``samples`` times: every
+    output that finished with stop is valid UTF-8 (`Finished.text`), its calls valid,
+    and its stream equal to its whole."""
     tok = core.tokenizer
     fmt = _format(name, tok)
     kind = "" if make_tools is contradictory_tool_set else f" {make_tools.__name__}"
@@ -142,15 +149,17 @@ def _round_trip(core: EngineCore, name: str, count: int, make_tools=contradictor
         normalized = normalize_tools(tools).tools
         for named, parallel in ((None, True), (None, False), (rng.choice(tools).name, False)):
             spec = fmt.constraint(normalized, named=named, parallel=parallel)
-            cases.append((f"set {k} named={named} parallel={parallel}", tools, named, parallel))
-            requests.append(
-                EngineCoreRequest(
-                    f"{name}-{len(requests)}",
-                    prompt,
-                    SamplingParams(max_tokens=MAX_TOKENS, seed=len(requests)),
-                    StructuredOutputSpec(spec.kind.value, spec.value),
+            for sample in range(samples):
+                case = f"set {k} named={named} parallel={parallel} sample={sample}"
+                cases.append((case, tools, named, parallel))
+                requests.append(
+                    EngineCoreRequest(
+                        f"{name}-{len(requests)}",
+                        prompt,
+                        SamplingParams(max_tokens=MAX_TOKENS, seed=len(requests)),
+                        StructuredOutputSpec(spec.kind.value, spec.value),
+                    )
                 )
-            )
     finished = 0
     failures = []
     for (case, tools, named, parallel), res in zip(cases, run_to_end(core, requests), strict=True):
@@ -186,7 +195,7 @@ def test_contradictory_tools_give_valid_calls_full(cores, name):
 def test_free_text_arguments_are_valid_utf8(cores, name):
     """Tools with free string parameters: the random model writes any bytes its
     vocabulary has there, characters split between tokens among them (issue 13.4)."""
-    _round_trip(cores(_vocabulary(name)), name, CI_STRING_SETS, string_tool_set)
+    _round_trip(cores(_vocabulary(name)), name, CI_STRING_SETS, string_tool_set, CI_STRING_SAMPLES)
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@ sampler, parse the whole output and the stream of it as the front end does (a fo
 parser), and check the calls.
 
 `round_trip` runs every tool set with tool_choice "required" and named, and
-``parallel_tool_calls`` on and off, and returns the figures; `forced_parse_errors`
+``parallel_tool_calls`` on and off (one generation of each grammar, or several), and
+returns the figures; `forced_parse_errors`
 says what is wrong with the reading of one output, `call_errors` with one parsed
 output, if anything.
 """
@@ -180,44 +181,51 @@ def round_trip(
     *,
     seed: int,
     max_tokens: int = 512,
+    samples: int = 1,
 ) -> RoundTrip:
-    """Every tool set x (required, named) x (parallel, not): constrain, generate,
-    parse whole and streamed, check. Failures carry the seed and case to reproduce."""
+    """Every tool set x (required, named) x (parallel, not): constrain, generate
+    ``samples`` times (a compile costs far more than a generation), parse whole and
+    streamed, check. Failures carry the seed and case to reproduce."""
     stats = RoundTrip(family)
     tokenizer = sampler.tokenizer
     for k, tools in enumerate(tool_sets):
         rng = random.Random(seed * 1_000_003 + k)
         for named in (None, rng.choice(tools).name):
             for parallel in (True, False):
-                case = f"seed={seed} set={k} named={named} parallel={parallel}"
                 spec = fmt.constraint(tools, named=named, parallel=parallel)
                 t0 = time.perf_counter()
                 compiled = sampler.compile(spec)
-                t1 = time.perf_counter()
-                try:
-                    gen = sampler.generate(
-                        compiled, rng, max_tokens=max_tokens, free_text_ends=free_text_ends(spec)
-                    )
-                except AssertionError as e:
-                    raise AssertionError(f"{case}: {e}") from e
-                t2 = time.perf_counter()
-                stats.compile_s += t1 - t0
-                stats.generate_s += t2 - t1
-                stats.generations += 1
-                stats.tokens += len(gen.token_ids)
-                if not gen.finished:
-                    continue
-                stats.finished += 1
-                ids = gen.token_ids
-                if gen.stop_id is not None and rng.random() < 0.5:
-                    ids = [*ids, gen.stop_id]  # the content may end with the stop text
-                text = tokenizer.decode(ids)
-                t3 = time.perf_counter()
-                whole, errors = forced_parse_errors(fmt, text, tools, named, parallel, rng)
-                stats.parse_s += time.perf_counter() - t3
-                if errors:
-                    stats.failures.append(f"{case}: {errors[0]}\n  output: {text!r}")
-                else:
-                    stats.valid += 1
-                    stats.multi_call += len(whole.tool_calls) > 1
+                stats.compile_s += time.perf_counter() - t0
+                for sample in range(samples):
+                    case = f"seed={seed} set={k} named={named} parallel={parallel}"
+                    if samples > 1:
+                        case += f" sample={sample}"
+                    t1 = time.perf_counter()
+                    try:
+                        gen = sampler.generate(
+                            compiled,
+                            rng,
+                            max_tokens=max_tokens,
+                            free_text_ends=free_text_ends(spec),
+                        )
+                    except AssertionError as e:
+                        raise AssertionError(f"{case}: {e}") from e
+                    stats.generate_s += time.perf_counter() - t1
+                    stats.generations += 1
+                    stats.tokens += len(gen.token_ids)
+                    if not gen.finished:
+                        continue
+                    stats.finished += 1
+                    ids = gen.token_ids
+                    if gen.stop_id is not None and rng.random() < 0.5:
+                        ids = [*ids, gen.stop_id]  # the content may end with the stop text
+                    text = tokenizer.decode(ids)
+                    t3 = time.perf_counter()
+                    whole, errors = forced_parse_errors(fmt, text, tools, named, parallel, rng)
+                    stats.parse_s += time.perf_counter() - t3
+                    if errors:
+                        stats.failures.append(f"{case}: {errors[0]}\n  output: {text!r}")
+                    else:
+                        stats.valid += 1
+                        stats.multi_call += len(whole.tool_calls) > 1
     return stats

@@ -10,8 +10,9 @@ a tool of the request, its arguments JSON valid for the tool's schema; no conten
 beside them), the stream must equal the whole parse, and at least 90% must finish
 within 512 tokens. One engine per base vocabulary serves its families at once, with
 every one of their markers added as special tokens. ``-s`` prints the figures; CI
-runs 2 tool sets per family (8 grammars: each compile costs about a CPU-second on
-these vocabularies), ``-m slow`` the full 100::
+runs one tool set per family, each of its four grammars generated twice (eight
+generations from four compiles: each compile costs about a CPU-second on these
+vocabularies, a generation far less), ``-m slow`` the full 100 once each::
 
     python -m pytest tests/tool_formats/test_engine_roundtrip.py -m slow -s -n0
 """
@@ -39,8 +40,10 @@ from tokenization import load_tokenizer
 
 from .conftest import FAMILIES, VOCABS, vocab_for
 
-#: per family: CI runs this many tool sets; ``-m slow`` runs the full hundred
-CI_TOOL_SETS = 2
+#: per family: CI runs this many tool sets, each grammar generated CI_SAMPLES times
+#: (with other seeds); ``-m slow`` runs the full hundred once each
+CI_TOOL_SETS = 1
+CI_SAMPLES = 2
 FULL_TOOL_SETS = 100
 MAX_TOKENS = 512
 MIN_FINISHED_PCT = 90.0
@@ -126,7 +129,7 @@ def _format(name: str, tokenizer) -> ToolFormat:
     return create_tool_format(name, tokenizer)
 
 
-def _run(engine: EngineHarness, name: str, count: int) -> Figures:
+def _run(engine: EngineHarness, name: str, count: int, samples: int) -> Figures:
     tok = engine.client.tokenizer()
     fmt = _format(name, tok)
     seed = zlib.crc32(name.encode())
@@ -137,16 +140,17 @@ def _run(engine: EngineHarness, name: str, count: int) -> Figures:
         for named in (None, rng.choice(tools).name):
             for parallel in (True, False):
                 spec = fmt.constraint(tools, named=named, parallel=parallel)
-                cases.append(
+                cases += [
                     (
-                        f"set={k} named={named} parallel={parallel}",
+                        f"set={k} named={named} parallel={parallel} sample={sample}",
                         tools,
                         named,
                         parallel,
                         StructuredOutputSpec(spec.kind.value, spec.value),
                         rng,
                     )
-                )
+                    for sample in range(samples)
+                ]
 
     async def body():
         reqs = [
@@ -185,10 +189,16 @@ def _run(engine: EngineHarness, name: str, count: int) -> Figures:
 
 
 IDS = [f"{base}-{family}" for base, family in CASES]
+#: every case on its base's engine, one engine per base: the scope is said, as with a
+#: direct argument beside the engine pytest takes the function's, and would start an
+#: engine for every test
+PER_BASE = pytest.mark.parametrize(
+    ("engine", "family"), CASES, ids=IDS, indirect=["engine"], scope="module"
+)
 
 
-def _check(engine: EngineHarness, family: str, count: int) -> None:
-    fig = _run(engine, family, count)
+def _check(engine: EngineHarness, family: str, count: int, samples: int = 1) -> None:
+    fig = _run(engine, family, count, samples)
     print("\n" + fig.row())
     assert not fig.failures, "\n".join(fig.failures[:5])
     assert 100 * fig.finished / fig.generations >= MIN_FINISHED_PCT, "\n".join(
@@ -196,12 +206,12 @@ def _check(engine: EngineHarness, family: str, count: int) -> None:
     )
 
 
-@pytest.mark.parametrize(("engine", "family"), CASES, ids=IDS, indirect=["engine"])
+@PER_BASE
 def test_forced_calls_round_trip_through_the_engine(engine, family):
-    _check(engine, family, CI_TOOL_SETS)
+    _check(engine, family, CI_TOOL_SETS, CI_SAMPLES)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("engine", "family"), CASES, ids=IDS, indirect=["engine"])
+@PER_BASE
 def test_forced_calls_round_trip_through_the_engine_full(engine, family):
     _check(engine, family, FULL_TOOL_SETS)
