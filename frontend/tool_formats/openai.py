@@ -184,22 +184,27 @@ class HarmonyParser(ScanParser):
     def _header(self) -> bool:
         """Everything up to ``<|message|>``. A header another marker or the end of
         the output cuts short is dropped (or, if it names a function, content); one
-        longer than `_MAX_HEADER` is read as content."""
+        longer than `_MAX_HEADER` is read as content. A ``<|channel|>`` cuts it short
+        too where it opens another message: in a header opened with ``<|channel|>``,
+        or the second one after ``<|start|>``."""
         buf, pos = self._buf, self._pos
         m = self._header_end.search(buf, pos)
         reach = m.start() if m is not None else self._header_end.safe_end(buf, pos)
+        cut = self._next_message(buf, pos, reach)
+        if cut is not None:
+            m, reach = None, cut
         if reach - pos > _MAX_HEADER:
             self._fail_call()
             self._state = self._outside
             return True
-        if m is None and not self._final:
+        if m is None and cut is None and not self._final:
             return False
-        header = buf[pos:reach] if m is not None else buf[pos:]
+        header = buf[pos:reach] if m is not None or cut is not None else buf[pos:]
         if self._opened_with == HARMONY.channel:
             header = HARMONY.channel + header
         attempt, name = self._function_of(header)
         if m is None or m.group() != HARMONY.message:
-            self._pos = len(buf) if m is None else m.start()
+            self._pos = reach if cut is not None else len(buf) if m is None else m.start()
             if attempt:
                 self._fail_call()
             else:
@@ -219,6 +224,15 @@ class HarmonyParser(ScanParser):
             self._body_kind = "drop" if thinking else "content"
         self._state = self._body
         return True
+
+    def _next_message(self, buf: str, pos: int, reach: int) -> int | None:
+        """Where a ``<|channel|>`` in ``buf[pos:reach]`` opens another message (the
+        header's own, after ``<|start|>``, does not), or None."""
+        own = self._opened_with == HARMONY.start
+        at = buf.find(HARMONY.channel, pos, reach)
+        if own and at >= 0:
+            at = buf.find(HARMONY.channel, at + len(HARMONY.channel), reach)
+        return at if at >= 0 else None
 
     def _function_of(self, header: str) -> tuple[bool, str | None]:
         """Whether a header tries to call a function, and which: a recipient

@@ -203,3 +203,14 @@ def test_deepseek_v3_without_the_template_newlines(call: str) -> None:
 )
 def test_pythonic_positional_or_broken_python_is_content(text: str) -> None:
     assert read("pythonic", text) == (text, [])
+
+
+@pytest.mark.parametrize("opening", ["", "<|start|>assistant"])
+def test_harmony_a_header_cut_short_by_the_next_message_is_kept(opening: str) -> None:
+    """A call header that never reaches ``<|message|>`` before the next message's
+    ``<|channel|>`` was read as part of that message's header, and lost."""
+    broken = opening + '<|channel|>commentary to=functions.get_weather json{"city": "Paris"}\n'
+    good = '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz": "CET"}'
+    content, calls = read("openai", broken + good)
+    assert calls == [TIME]
+    assert content is not None and content.startswith(broken.rstrip())
