@@ -173,6 +173,7 @@ class EngineClient:
         )
         self._pump = SocketPump(
             self._make_socket,
+            lambda sock: sock.connect(self.address),
             self._on_frames,
             on_tick=self._on_tick,
             monitor_events=WATCHED_EVENTS,
@@ -282,7 +283,6 @@ class EngineClient:
         set_heartbeats(sock, PING_S, self.engine_timeout_s)
         if self._curve is not None:
             connect_curve(sock, self._curve)
-        sock.connect(self.address)
         return sock
 
     # ----- IO thread ----------------------------------------------------------------

@@ -164,6 +164,7 @@ class EngineServer:
             self.address, self._own_dir = private_ipc_address()
         self.pump = SocketPump(
             self._make_socket,
+            self._bind,
             self._on_frames,
             on_tick=self._on_tick,
             monitor_events=_EVENTS,
@@ -230,10 +231,12 @@ class EngineServer:
         set_heartbeats(sock, PING_S, self.config.client_timeout_s)
         if self.keys is not None:
             self._auth = serve_curve(sock, self.keys)
+        return sock
+
+    def _bind(self, sock: zmq.Socket) -> None:
         sock.bind(self.address)
         if self.address.startswith("ipc://"):
             os.chmod(self.address[len("ipc://") :], 0o600)
-        return sock
 
     def _reply(self, client: bytes, msg) -> None:
         self.pump.send([client, *self._codec_io.encode(msg)])

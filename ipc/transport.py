@@ -100,8 +100,11 @@ def free_tcp_port() -> int:
 class SocketPump:
     """One socket, one IO thread.
 
-    ``make_socket(ctx)`` is called inside the IO thread (a bind error is re-raised
-    from `start`). Each received multipart message goes to ``on_frames`` (called in
+    ``make_socket(ctx)`` (create and configure the socket) and then ``attach(sock)``
+    (bind or connect it) are called inside the IO thread, the monitor in between, so
+    that no event of the first connection is missed: ZeroMQ does not retry a
+    connection whose handshake failed, so its one event is the only news of it. An
+    error of either is re-raised from `start`. Each received multipart message goes to ``on_frames`` (called in
     the IO thread; it must not block). `send` may be called from any thread.
     ``on_tick`` runs in the IO thread every ``tick_s`` seconds.
 
@@ -126,6 +129,7 @@ class SocketPump:
     def __init__(
         self,
         make_socket: Callable[[zmq.Context], zmq.Socket],
+        attach: Callable[[zmq.Socket], None],
         on_frames: Callable[[list[bytes]], None],
         *,
         on_tick: Callable[[], None] | None = None,
@@ -140,6 +144,7 @@ class SocketPump:
         name: str = "thinkgate-io",
     ) -> None:
         self._make_socket = make_socket
+        self._attach = attach
         self._on_frames = on_frames
         self._on_tick = on_tick
         self._monitor_events = monitor_events
@@ -201,20 +206,27 @@ class SocketPump:
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
+        sock = monitor = None
         try:
             sock = self._make_socket(ctx)
+            if self._monitor_events and self._on_event is not None:
+                monitor = sock.get_monitor_socket(self._monitor_events)
+            self._attach(sock)
         except BaseException as e:  # re-raised by start() in the caller's thread
             self._error = e
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
+            if sock is not None:
+                sock.close(linger=0)
             self._ready.set()
             return
         self._ready.set()
-        monitor = None
         try:
             poller = zmq.Poller()
             poller.register(sock, zmq.POLLIN)
             poller.register(self._wake_r, zmq.POLLIN)
-            if self._monitor_events and self._on_event is not None:
-                monitor = sock.get_monitor_socket(self._monitor_events)
+            if monitor is not None:
                 poller.register(monitor, zmq.POLLIN)
             next_tick = time.monotonic() + self._tick_s
             while not self._stopping.is_set():

@@ -11,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from ipc import (
     free_tcp_port,
     load_client_keys,
 )
+from ipc.transport import SocketPump
 from tests.support.engine import NO_WORKERS, ServedEngine
 from tests.support.processes import ROOT
 
@@ -272,3 +274,39 @@ def test_a_curve_engine_refuses_clients_without_a_listed_key(curve_engine, tmp_p
         assert peer.recv(3) is None
     finally:
         peer.close()
+
+
+def test_a_refused_first_connection_is_reported_however_late_the_connect_returns():
+    """ZeroMQ does not retry a connection whose handshake failed: its one monitor event
+    is the only news of it, so the pump watches the socket before connecting it. A
+    connect that returns late (a busy machine) must not lose that event."""
+    ctx = zmq.Context.instance()
+    server = ctx.socket(zmq.ROUTER)
+    server.curve_publickey, server.curve_secretkey = zmq.curve_keypair()
+    server.curve_server = True
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    seen: list[int] = []
+    failed = threading.Event()
+
+    def on_event(event: int, endpoint: str) -> None:
+        seen.append(event)
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            failed.set()
+
+    def connect_slowly(sock: zmq.Socket) -> None:
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(0.3)  # the handshake fails meanwhile
+
+    pump = SocketPump(
+        lambda c: c.socket(zmq.DEALER),
+        connect_slowly,
+        lambda frames: None,
+        monitor_events=zmq.EVENT_ALL,
+        on_event=on_event,
+    )
+    pump.start()
+    try:
+        assert failed.wait(10), f"events seen: {seen}"
+    finally:
+        pump.close()
+        server.close(linger=0)
