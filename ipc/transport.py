@@ -104,8 +104,8 @@ class SocketPump:
     (bind or connect it) are called inside the IO thread, the monitor in between, so
     that no event of the first connection is missed: ZeroMQ does not retry a
     connection whose handshake failed, so its one event is the only news of it. An
-    error of either is re-raised from `start`. Each received multipart message goes to ``on_frames`` (called in
-    the IO thread; it must not block). `send` may be called from any thread.
+    error of either is re-raised from `start`. Each received multipart message goes
+    to ``on_frames`` (called in the IO thread; it must not block). `send` may be called from any thread.
     ``on_tick`` runs in the IO thread every ``tick_s`` seconds.
 
     ``monitor_events`` (a mask of ``zmq.EVENT_*``) are passed to ``on_event(event,
