@@ -13,24 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reasoning import AnswerStart, Phase, ReasoningStream, ReasoningTracker
+from tests.support.properties import property_test
 
 from .cases import CASES, Case, chunkings, chunks, output_strategy, parser_for, tokenizer_for
 
-
-def _property(body, examples: int, *, slow: bool = False):
-    """``body(case, data)`` as a hypothesis test of ``examples`` examples; ``slow``: under
-    ``-m slow``. Each property runs at a default-run volume sized so that the whole suite
-    takes well under a minute on 2 cores, and ten times that in its ``_full`` twin."""
-    test = settings(
-        max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-    )(given(data=st.data())(body))
-    return pytest.mark.slow(test) if slow else test
-
-
+#: every property over every case; each runs at a default-run volume sized so that the
+#: whole file takes well under a minute on 2 cores, and ten times that in its ``_full``
+#: twin (``-m slow``)
 pytestmark = pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 
 
@@ -106,8 +98,8 @@ def _split_matches_oracle_and_stream(case: Case, data: st.DataObject) -> None:
     assert hidden.num_reasoning_tokens == stream.num_reasoning_tokens
 
 
-test_split_matches_oracle_and_stream = _property(_split_matches_oracle_and_stream, 50)
-test_split_matches_oracle_and_stream_full = _property(
+test_split_matches_oracle_and_stream = property_test(_split_matches_oracle_and_stream, 50)
+test_split_matches_oracle_and_stream_full = property_test(
     _split_matches_oracle_and_stream, 500, slow=True
 )
 
@@ -126,8 +118,10 @@ def _engine_agrees_with_front_end(case: Case, data: st.DataObject) -> None:
     assert engine.num_reasoning_tokens == front.num_reasoning_tokens
 
 
-test_engine_agrees_with_front_end = _property(_engine_agrees_with_front_end, 30)
-test_engine_agrees_with_front_end_full = _property(_engine_agrees_with_front_end, 300, slow=True)
+test_engine_agrees_with_front_end = property_test(_engine_agrees_with_front_end, 30)
+test_engine_agrees_with_front_end_full = property_test(
+    _engine_agrees_with_front_end, 300, slow=True
+)
 
 
 def _rollback_then_refeed(case: Case, data: st.DataObject) -> None:
@@ -161,8 +155,8 @@ def _rollback_then_refeed(case: Case, data: st.DataObject) -> None:
         assert rolled.num_reasoning_tokens == plain.num_reasoning_tokens
 
 
-test_rollback_then_refeed = _property(_rollback_then_refeed, 30)
-test_rollback_then_refeed_full = _property(_rollback_then_refeed, 300, slow=True)
+test_rollback_then_refeed = property_test(_rollback_then_refeed, 30)
+test_rollback_then_refeed_full = property_test(_rollback_then_refeed, 300, slow=True)
 
 
 def _engine_hints(case: Case, data: st.DataObject) -> None:
@@ -191,8 +185,8 @@ def _engine_hints(case: Case, data: st.DataObject) -> None:
         tracker.advance(ids[i : i + 1])
 
 
-test_engine_hints = _property(_engine_hints, 25)
-test_engine_hints_full = _property(_engine_hints, 250, slow=True)
+test_engine_hints = property_test(_engine_hints, 25)
+test_engine_hints_full = property_test(_engine_hints, 250, slow=True)
 
 
 def _grammar_text(parser, phase: Phase, ids: Sequence[int]) -> bytes | None:
@@ -240,7 +234,7 @@ def _content_is_what_the_grammar_saw(case: Case, data: st.DataObject) -> None:
     assert content == fed
 
 
-test_content_is_what_the_grammar_saw = _property(_content_is_what_the_grammar_saw, 30)
-test_content_is_what_the_grammar_saw_full = _property(
+test_content_is_what_the_grammar_saw = property_test(_content_is_what_the_grammar_saw, 30)
+test_content_is_what_the_grammar_saw_full = property_test(
     _content_is_what_the_grammar_saw, 300, slow=True
 )

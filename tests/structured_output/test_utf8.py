@@ -65,7 +65,7 @@ def test_random_walks_through_the_table_stay_valid_utf8(vocab):
     special = np.zeros(len(tb), bool)
     special[list(specials)] = True
     wide = np.zeros(tok.vocab_rows, bool)
-    wide[[t for t, b in enumerate(tb[: tok.vocab_rows]) if any(c >= 0x80 for c in b)]] = True
+    wide[[t for t, b in enumerate(tb[: tok.vocab_rows]) if not b.isascii()]] = True
     cut = np.zeros(tok.vocab_rows, bool)  # tokens that end mid-character
     cut[[t for t, b in enumerate(tb) if utf8.run_bytes(utf8.DONE, b) not in (0, utf8.ERROR)]] = True
     rng = random.Random(tok.vocab_rows)
@@ -142,7 +142,7 @@ def test_every_spec_kind_writes_valid_utf8(vocab, kind):
     grammar = lc.compile(SPECS[kind])
     tb = tok.all_token_bytes
     wide = np.zeros(tok.vocab_rows, bool)
-    wide[[t for t, b in enumerate(tb[: tok.vocab_rows]) if any(c >= 0x80 for c in b)]] = True
+    wide[[t for t, b in enumerate(tb[: tok.vocab_rows]) if not b.isascii()]] = True
     stops = set(tok.stop_token_ids)
     bm = torch.zeros((1, (tok.vocab_rows + 31) // 32), dtype=torch.int32)
     rng = random.Random(len(kind))

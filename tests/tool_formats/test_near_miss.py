@@ -20,11 +20,11 @@ import random
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frontend.tool_formats import FunctionTool, ParsedOutput, ToolFormat
 from frontend.tool_formats.json_text import is_json_object
+from tests.support.properties import property_test
 from tests.support.roundtrip import same_output, stream_parse
 
 from .conftest import EXAMPLE_TOOLS, FAMILIES, format_for
@@ -76,10 +76,7 @@ def chunkings(text: str) -> st.SearchStrategy[list[int]]:
     return st.one_of(st.just(list(range(1, len(text)))), points)
 
 
-@pytest.mark.parametrize("family", ALL)
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_near_miss_outputs_keep_the_rules(family: str, data: st.DataObject) -> None:
+def _near_miss_outputs_keep_the_rules(family: str, data: st.DataObject) -> None:
     fmt = format_of(family)
     sample = data.draw(st.sampled_from(valid_outputs(family)))
     rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
@@ -89,6 +86,15 @@ def test_near_miss_outputs_keep_the_rules(family: str, data: st.DataObject) -> N
     if data.draw(st.booleans(), label="truncate"):
         text = text[: data.draw(st.integers(0, len(text)), label="at")]
     check_rules(fmt, list(sample.tools), text, data.draw(chunkings(text), label="cuts"))
+
+
+EVERY_FAMILY = pytest.mark.parametrize("family", ALL)
+test_near_miss_outputs_keep_the_rules = EVERY_FAMILY(
+    property_test(_near_miss_outputs_keep_the_rules, 40)
+)
+test_near_miss_outputs_keep_the_rules_full = EVERY_FAMILY(
+    property_test(_near_miss_outputs_keep_the_rules, 400, slow=True)
+)
 
 
 @pytest.mark.parametrize("family", ALL)

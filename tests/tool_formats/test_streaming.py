@@ -9,12 +9,12 @@ import functools
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frontend.tool_formats import ToolFormat
 from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from tests.support.constrained_sampler import free_text_ends
+from tests.support.properties import property_test
 from tests.support.roundtrip import same_output, stream_parse
 from tests.support.work import lines_run
 
@@ -90,11 +90,7 @@ def check_agreement(
 MODES = pytest.mark.parametrize("forced", [False, True], ids=["auto", "forced"])
 
 
-@MODES
-@pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_stream_equals_whole_on_adversarial_text(
+def _stream_equals_whole_on_adversarial_text(
     family: str, forced: bool, data: st.DataObject
 ) -> None:
     fmt = format_for(family)
@@ -102,17 +98,31 @@ def test_stream_equals_whole_on_adversarial_text(
     check_agreement(fmt, text, data.draw(cuts_for(text)), forced=forced)
 
 
-@MODES
-@pytest.mark.parametrize("named", [None, "get_weather"])
-@settings(max_examples=100, deadline=None)
-@given(data=st.data())
-def test_json_schema_way_stream_equals_whole(
+def _json_schema_way_stream_equals_whole(
     named: str | None, forced: bool, data: st.DataObject
 ) -> None:
     fmt = JsonSchemaToolFormat(format_for("hermes").tokenizer)
     pieces = sorted(set(GENERIC + ['[{"name": "get_weather", "parameters": {"city": "Paris"}}]']))
     text = data.draw(st.lists(st.sampled_from(pieces), max_size=30).map("".join))
     check_agreement(fmt, text, data.draw(cuts_for(text)), named, forced=forced)
+
+
+#: each property at half its former examples in the default run, ten times that in its
+#: ``_full`` twin (``-m slow``)
+EVERY_FAMILY = pytest.mark.parametrize("family", FAMILIES)
+NAMED = pytest.mark.parametrize("named", [None, "get_weather"])
+test_stream_equals_whole_on_adversarial_text = MODES(
+    EVERY_FAMILY(property_test(_stream_equals_whole_on_adversarial_text, 50))
+)
+test_stream_equals_whole_on_adversarial_text_full = MODES(
+    EVERY_FAMILY(property_test(_stream_equals_whole_on_adversarial_text, 500, slow=True))
+)
+test_json_schema_way_stream_equals_whole = MODES(
+    NAMED(property_test(_json_schema_way_stream_equals_whole, 50))
+)
+test_json_schema_way_stream_equals_whole_full = MODES(
+    NAMED(property_test(_json_schema_way_stream_equals_whole, 500, slow=True))
+)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
