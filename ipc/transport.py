@@ -105,8 +105,9 @@ class SocketPump:
     that no event of the first connection is missed: ZeroMQ does not retry a
     connection whose handshake failed, so its one event is the only news of it. An
     error of either is re-raised from `start`. Each received multipart message goes
-    to ``on_frames`` (called in the IO thread; it must not block). `send` may be called from any thread.
-    ``on_tick`` runs in the IO thread every ``tick_s`` seconds.
+    to ``on_frames`` (called in the IO thread; it must not block). `send` may be
+    called from any thread. ``on_tick`` runs in the IO thread every ``tick_s``
+    seconds.
 
     ``monitor_events`` (a mask of ``zmq.EVENT_*``) are passed to ``on_event(event,
     endpoint)`` in the IO thread: a connection closed, a handshake done or refused.
