@@ -43,7 +43,7 @@ async def main(address: str, n: int) -> None:
     # and the engine serves this client again
     last = None
     async for out in client.generate(
-        EngineCoreRequest("after-thaw", PROMPT, SamplingParams(max_tokens=3))
+        EngineCoreRequest("after-thaw", PROMPT, SamplingParams(max_tokens=3, ignore_eos=True))
     ):
         last = out
     print(
