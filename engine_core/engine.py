@@ -49,7 +49,7 @@ from .config import EngineConfig
 from .drafts import NgramDrafter
 from .isolation import sample_isolating
 from .logprobs import StepLogprobs
-from .multi_token import jump, verify_drafts
+from .multi_token import jump, jump_at_start, verify_drafts
 from .request import EngineRequest, Status
 from .runners import RunnerOptions, create_runner
 from .sampler import Sampler, SamplingBatch, StepConstraints
@@ -367,6 +367,8 @@ class EngineCore:
             reasoning_budget=r.reasoning_budget,
             stop_token_ids=r.grammar_stop_ids,
         )
+        if self.forced is not None:
+            self.num_jumped_tokens += jump_at_start(r, self.forced)
         try:
             self.runner.add(r)
         except BaseException:
@@ -434,8 +436,8 @@ class EngineCore:
             verify_drafts(self, batch, drafts, tokens, live, logits, plan.logit_blocks())
 
     def _propose(self, running: list[EngineRequest]) -> list[list[int]] | None:
-        """Each row's drafts (none for a row that has no output yet, so may still be
-        prefilling, or that wants log-probabilities; never past ``max_tokens``); None
+        """Each row's drafts (none for a row that has sampled nothing yet, so may still
+        be prefilling, or that wants log-probabilities; never past ``max_tokens``); None
         when no row has any."""
         drafter = self.drafter
         assert drafter is not None
@@ -443,7 +445,7 @@ class EngineCore:
         total = 0
         for r in running:
             room = r.max_tokens - len(r.output_ids) - 1  # the token sampled after them
-            d = drafter.propose(r, room) if r.output_ids and r.logprobs is None else []
+            d = drafter.propose(r, room) if r.num_sent and r.logprobs is None else []
             out.append(d)
             total += len(d)
         self.num_draft_tokens += total

@@ -54,6 +54,21 @@ def jump(r: EngineRequest, forced: ForcedTokens) -> int:
     return len(ids)
 
 
+def jump_at_start(r: EngineRequest, forced: ForcedTokens) -> int:
+    """``r`` joins the batch with its answer already begun under a grammar (nothing to
+    think first, or the thinking ended in the prompt): the tokens its grammar forces
+    before the first choice are appended now, so that the first forward pass takes
+    them with the prompt instead of sampling them one pass each. One token is always
+    left to sample. Returns how many were appended (none for a request that asked for
+    log-probabilities)."""
+    g = r.guide
+    if g is None or r.logprobs is not None or not g.can_jump:
+        return 0
+    ids = g.jump_forward(forced, r.max_tokens - len(r.output_ids) - 1)
+    r.output_ids += ids
+    return len(ids)
+
+
 def gather_rows(
     logits: torch.Tensor, at: np.ndarray, buf: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -376,15 +376,22 @@ class GuardTable:
 class GuardedGrammar(xgr.CompiledGrammar):
     """A compiled grammar that knows whether its text is JSON text (`whitespace.py`):
     a matcher of it lexes its output as JSON (whitespace bounded and UTF-8 guarded) or
-    as raw text (UTF-8 guarded only)."""
+    as raw text (UTF-8 guarded only). It also knows the ids it names as tokens (its
+    markers), read once here, at compile time, for jump forward
+    (`jump_forward.named_token_ids`)."""
 
     json_text: bool
+    #: the ids of its token-level elements; None: any token may be one
+    token_ids: tuple[int, ...] | None
 
     @classmethod
     def wrap(cls, grammar: xgr.CompiledGrammar, json_text: bool) -> GuardedGrammar:
+        from .jump_forward import named_token_ids
+
         g = cls._create_from_handle(grammar._handle)
         assert isinstance(g, GuardedGrammar)
         g.json_text = json_text
+        g.token_ids = named_token_ids(grammar)
         return g
 
 

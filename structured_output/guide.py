@@ -63,6 +63,7 @@ class RequestGuide:
         "_layout",
         "_forced",
         "_probe",
+        "_token_ids",
         "__weakref__",
     )
 
@@ -74,6 +75,7 @@ class RequestGuide:
         implicit_end_ids: Sequence[int] = (),
         stop_token_ids: Sequence[int] = (),
         budget: int | None = None,
+        token_ids: Sequence[int] | None = None,
     ) -> None:
         self.tracker = tracker
         self.matcher = matcher
@@ -86,9 +88,13 @@ class RequestGuide:
         #: the tracker may still read the next token as layout
         self._layout = False
         self._forced: list[int] = []
-        #: whether `jump_forward` should also see if the grammar allows one token alone
-        #: (a marker xgrammar's forced text stops before): at the answer's start, and
-        #: after a jump that wrote the whole forced text
+        #: the ids the grammar names as tokens (`jump_forward.named_token_ids`); None:
+        #: any token may come where it has a token-level element
+        self._token_ids = tuple(token_ids) if token_ids is not None else None
+        #: for a grammar whose `_token_ids` are None: whether `jump_forward` should also
+        #: see if the grammar allows one token alone (a marker xgrammar's forced text
+        #: stops before): at the answer's start, and after a jump that wrote the whole
+        #: forced text
         self._probe = True
         #: ids never allowed while thinking (when there is a grammar): implicit ends
         #: the grammar would reject, and the stop tokens
@@ -149,15 +155,18 @@ class RequestGuide:
         where `can_jump` holds, after the last token was fed.
 
         Forced text stops before a token-level element (a family's marker). Where the
-        grammar then allows a single token, and only at the answer's start or right
-        after forced text that was written whole (so not on every step of free text),
-        the matcher's mask for that one row says which: that token is appended too
-        (never one that ends the grammar: the stop is left to the model's own step),
-        and the forced text after it."""
+        grammar then allows a single token, that token is appended too (never one that
+        ends the grammar: the stop is left to the model's own step), and the forced text
+        after it. Which one, a mask of the whole vocabulary says, so it is filled only
+        where one of the ids the grammar names as tokens is acceptable; for a grammar
+        that may accept any token at such an element (`token_ids` None), only at the
+        answer's start and right after forced text that was written whole (so not on
+        every step of free text)."""
         m = self.matcher
         assert m is not None
         ids: list[int] = []
         probe, self._probe = self._probe, False
+        named = self._token_ids
         while len(ids) < limit:
             text = m.find_jump_forward_string()
             if text:
@@ -172,9 +181,9 @@ class RequestGuide:
                     # it; nothing merges across a marker, so where the grammar allows
                     # a marker alone after the whole text, the rest and the marker go.
                     rest = whole[len(step) :]
-                    if len(ids) + len(rest) >= limit or not _accept_all(m, rest):
+                    if named == () or len(ids) + len(rest) >= limit or not _accept_all(m, rest):
                         return ids
-                    t = forced.single_allowed(m)
+                    t = self._lone_token(forced)
                     if t is None or not forced.is_marker(t) or not _accept_ending(m, t):
                         m.rollback(len(rest))
                         return ids
@@ -182,14 +191,23 @@ class RequestGuide:
                     ids.append(t)
                     continue
                 probe = True
-            if not probe or len(ids) >= limit:
+            if len(ids) >= limit or not (probe if named is None else named):
                 return ids
             probe = False
-            t = forced.single_allowed(m)
+            t = self._lone_token(forced)
             if t is None or not _accept_ending(m, t):
                 return ids
             ids.append(t)
         return ids
+
+    def _lone_token(self, forced: ForcedTokens) -> int | None:
+        """The one token the grammar allows next, if one alone, found only where a
+        token it names is acceptable (any, when it may accept any token)."""
+        m = self.matcher
+        named = self._token_ids
+        if named is not None and not _accepts_one_of(m, named):
+            return None
+        return forced.single_allowed(m)
 
     @property
     def terminated(self) -> bool:
@@ -289,6 +307,15 @@ def _accept_all(m: xgr.GrammarMatcher, ids: Sequence[int]) -> bool:
             m.rollback(n)
             return False
     return True
+
+
+def _accepts_one_of(m: xgr.GrammarMatcher, ids: Sequence[int]) -> bool:
+    """Whether ``m`` accepts one of ``ids`` next (state unchanged)."""
+    for t in ids:
+        if m.accept_token(t):
+            m.rollback(1)
+            return True
+    return False
 
 
 def _accept_ending(m: xgr.GrammarMatcher, t: int) -> bool:

@@ -19,10 +19,16 @@ character classes; and only where that cut is also a token boundary of the text'
 encoding (else one chunk earlier, else no jump). xgrammar's own
 `find_jump_forward_tokens` splits greedily by the longest token instead, which is not
 how a BPE tokenizer splits.
+
+Where forced text stops, the grammar may allow one token alone: a token-level element
+such as a marker. Finding out takes a mask of the whole vocabulary, so it is asked only
+where one of the ids the grammar names as tokens is acceptable (`named_token_ids`,
+read once per compiled grammar; a quick accept and roll back of each).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -67,6 +73,29 @@ def last_chunk_start(text: str) -> int:
         if prev == " " or (c == _LETTER and _cls(prev) in (_OTHER, _SPACE) and prev not in "\r\n"):
             i -= 1
     return i
+
+
+#: a token-level element in xgrammar's printed grammar: ``Token(151657)``, ``Token(1, 2)``
+_TOKEN_ELEMENT = re.compile(r"(?<![A-Za-z_])Token\(([0-9, ]*)\)")
+#: elements that may accept a token the grammar does not name (any but those listed)
+_OPEN_TOKEN_ELEMENT = re.compile(r"(?<![A-Za-z_])(?:ExcludeToken|TokenTagDispatch)\(")
+
+
+def named_token_ids(grammar: Any) -> tuple[int, ...] | None:
+    """The ids a compiled grammar names as token-level elements (its markers), read
+    from xgrammar's printed form of it; None where a token-level element accepts any
+    token but some (``any_tokens``, ``exclude_token``, a token dispatch), so that any
+    special token may come. Ids that only a quoted string holds may be named too: the
+    set is a superset, which costs a probe, never a wrong jump (each is checked)."""
+    text = str(grammar.grammar if hasattr(grammar, "grammar") else grammar)
+    if _OPEN_TOKEN_ELEMENT.search(text):
+        return None
+    ids: dict[int, None] = {}
+    for group in _TOKEN_ELEMENT.findall(text):
+        for part in group.split(","):
+            if part.strip():
+                ids[int(part)] = None
+    return tuple(ids)
 
 
 class ForcedTokens:

@@ -136,6 +136,7 @@ class StructuredOutputManager:
             implicit_end_ids=parser.implicit_end_ids if parser is not None else (),
             stop_token_ids=stop_token_ids,
             budget=reasoning_budget,
+            token_ids=getattr(grammar, "token_ids", None),
         )
         self._guides.add(guide)
         return guide

@@ -12,6 +12,11 @@ model's tokenizer splits it.
   fewer steps.
 - With the random model (every step adversarial) and jump forward on, over random
   tool sets: every output that ends is valid and its stream equals its whole.
+- An answer that begins at once under its grammar: its forced start is appended before
+  the first forward pass (the first output holds it, the output is the same as
+  without jump forward); nothing is while the model may think first. With a Hugging
+  Face model whose prompts are prefilled in chunks while their outputs hold such a
+  start, drafts on: the outputs of a one-pass prefill without drafts.
 """
 
 from __future__ import annotations
@@ -374,3 +379,96 @@ def _check_random(base: str, tmp_path, tool_sets_per_family: int, every_way: boo
         assert call_errors(whole, tools, named, parallel) == [], (tag, text)
         assert same_output(whole, streamed, compare_ids=fam == "kimi_k2"), (tag, text)
     assert stopped >= 0.8 * len(cases)
+
+
+# ----- a jump before the first pass ----------------------------------------------------
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_a_forced_start_is_jumped_before_the_first_pass(tmp_path, thinking):
+    """An answer that begins at once under its grammar has what the grammar forces
+    first appended before the first forward pass, which takes it with the prompt: the
+    first output holds it and the sampled token after it, and the output is the one
+    written without jump forward. While the model may think first, nothing is."""
+    case = next(c for c in _cases("qwen3") if c[0] == "[hermes-get_weather-False]")
+    tag, spec, text = case[0], case[4], case[5] if thinking else case[5].split("\n\n", 1)[1]
+    runs = {}
+    for jump in (False, True):
+        core = _core(tmp_path, "qwen3", model="scripted", jump=jump, script=[(tag, text)])
+        try:
+            req = EngineCoreRequest(
+                tag,
+                _prompt(core.tokenizer, tag, True),
+                SamplingParams(max_tokens=160, temperature=0.0),
+                StructuredOutputSpec(spec.kind.value, spec.value),
+                reasoning_ended=False if thinking else True,
+            )
+            assert core.add_request(b"t", req) == []
+            runs[jump] = _drain(core)[tag]
+        finally:
+            core.close()
+    tok = load_tokenizer("qwen3")
+    ids = [t for o in runs[True] for t in o.new_token_ids]
+    assert ids == [t for o in runs[False] for t in o.new_token_ids]
+    assert runs[True][-1].finish_reason == FinishReason.STOP
+    first = tok.decode(runs[True][0].new_token_ids)
+    if thinking:
+        assert len(runs[True][0].new_token_ids) == 1
+    else:
+        assert first.startswith('<tool_call>\n{"name') and len(runs[True][0].new_token_ids) > 3
+        assert len(runs[True]) < len(runs[False]) - 1
+
+
+def test_hf_greedy_outputs_are_the_same_with_a_jump_before_a_chunked_prefill(tmp_path):
+    """A Hugging Face model (float64), jump forward on, whose prompts are prefilled in
+    chunks of 8 tokens over several steps while their outputs already hold a jumped
+    start, beside a request that thinks first, with drafts on: greedy outputs are those
+    of a prefill in one pass without drafts (a random model under a mask may split
+    forced text otherwise than the jump does, so jump forward off is no reference)."""
+    from tests.support.tiny_model import build_model
+
+    path = build_model(tmp_path / "model", "qwen3", seed=2)
+    tok = load_tokenizer("qwen3")
+    fmt = create_tool_format("hermes", tok)
+    prompts = [
+        ("named", "get_weather", True),
+        ("required", None, True),
+        ("thinking", "get_weather", False),
+    ]
+    runs = {}
+    for chunk, drafts in ((2048, 0), (8, 3)):
+        config = EngineConfig(
+            model=str(path),
+            tokenizer="qwen3",
+            dtype="float64",
+            max_num_seqs=4,
+            max_num_batched_tokens=chunk,
+            jump_forward=True,
+            draft_tokens=drafts,
+            reasoning_parser="qwen3",
+            structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
+        )
+        core = EngineCore(config, tok)
+        try:
+            for rid, named, ended in prompts:
+                spec = fmt.constraint(EXAMPLE_TOOLS, named=named, parallel=False)
+                text = f"<|im_start|>user\nWeather in Paris, {rid}?<|im_end|>\n"
+                req = EngineCoreRequest(
+                    rid,
+                    tok.encode(text + "<|im_start|>assistant\n"),
+                    SamplingParams(max_tokens=40, temperature=0.0),
+                    StructuredOutputSpec(spec.kind.value, spec.value),
+                    reasoning_ended=ended,
+                )
+                assert core.add_request(b"t", req) == []
+            got = _drain(core)
+            for rid, outs in got.items():
+                assert outs[-1].error is None, (rid, outs[-1].error)
+            runs[chunk] = {k: [t for o in v for t in o.new_token_ids] for k, v in got.items()}
+            assert core.num_jumped_tokens > 0
+            if drafts:
+                assert core.num_draft_tokens > 0
+        finally:
+            core.close()
+    assert runs[8] == runs[2048]
+    assert tok.decode(runs[8]["named"][:2]) == "<tool_call>\n"
