@@ -26,15 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_engine_arguments(parser)
     config = config_from_args(parser.parse_args(argv))
-    # This process never uses xgrammar's Hugging Face helpers: xgrammar without
-    # transformers (about 1.2 CPU-s of every start), before anything imports it.
-    # Only here, in the engine's own process: elsewhere xgrammar is imported whole.
-    from structured_output.xgrammar_import import import_xgrammar
-
-    import_xgrammar()
     from .server import run_engine
 
-    code = run_engine(config, prog=parser.prog)
+    # This process never uses xgrammar's Hugging Face helpers: xgrammar without
+    # transformers (about 1.2 CPU-s of every start). Only in the engine's own process:
+    # elsewhere xgrammar is imported whole.
+    code = run_engine(config, prog=parser.prog, lean_xgrammar=True)
     _deliver_queued(timeout_s=2.0)
     logging.shutdown()
     sys.stdout.flush()

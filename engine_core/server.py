@@ -104,11 +104,19 @@ class EngineServer:
     outputs."""
 
     def __init__(
-        self, config: EngineConfig, *, on_ready: Callable[[EngineServer], None] | None = None
+        self,
+        config: EngineConfig,
+        *,
+        on_ready: Callable[[EngineServer], None] | None = None,
+        lean_xgrammar: bool = False,
     ) -> None:
         """``on_ready(server)`` is called once start-up is complete (the last step):
-        from then on the server must be stopped with `stop`."""
+        from then on the server must be stopped with `stop`. ``lean_xgrammar``: in a
+        process of its own, xgrammar is imported without transformers
+        (`structured_output.xgrammar_import`), after the handshake is out and the
+        checks that need nothing loaded have passed (a start-up error costs no import)."""
         self.config = config
+        self._lean_xgrammar = lean_xgrammar
         self._own_dir: Path | None = None
         self.core: Core | None = None  # the IO thread answers health checks until it is set
         self.keys = None
@@ -184,6 +192,10 @@ class EngineServer:
             log.info("handshake ready in %.2f s", time.perf_counter() - t0)
         log.info("starting model %s on %s, and the grammar compilers", config.model, device)
         with _startup_step("cannot start the engine"):
+            if self._lean_xgrammar:
+                from structured_output.xgrammar_import import import_xgrammar
+
+                import_xgrammar()
             self.core = (EngineCore or _engine_core_class())(config, tokenizer)
         if not early:
             self.handshake = self._handshake(config, self.core.vocab_rows, self.core.device)
@@ -568,10 +580,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def run_engine(config: EngineConfig, *, prog: str = "thinkgate engine") -> int:
+def run_engine(
+    config: EngineConfig, *, prog: str = "thinkgate engine", lean_xgrammar: bool = False
+) -> int:
     """Run the engine until SIGTERM, SIGINT or a client's Shutdown. Returns the exit
     code: 0, or 2 when it could not start (a bad setting, a missing file, no CUDA, an
-    interrupt while loading), after one line on stderr that says why."""
+    interrupt while loading), after one line on stderr that says why.
+    ``lean_xgrammar``: see `EngineServer` (for a process that runs only the engine)."""
     logging.basicConfig(
         level=getattr(logging, config.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -588,7 +603,7 @@ def run_engine(config: EngineConfig, *, prog: str = "thinkgate engine") -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        server = EngineServer(config, on_ready=ready.append)
+        server = EngineServer(config, on_ready=ready.append, lean_xgrammar=lean_xgrammar)
     except (StartupError, AddressError, CurveKeyError, TokenFileError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import sys
 from structured_output.xgrammar_import import import_xgrammar
-import_xgrammar()  # as the engine's process does first (engine_core.__main__)
+import_xgrammar()  # as the engine's process does before its core (engine_core.server)
 import engine_core.engine, engine_core.server  # all that the engine imports
 from engine_core.runners import RunnerOptions, create_runner
 from structured_output import GrammarSpec, LocalCompiler
@@ -54,6 +54,32 @@ print("whole")
 """
 
 
+#: the engine's own process (``run_engine(lean_xgrammar=True)``, as ``python -m
+#: engine_core`` runs it): nothing heavy before its handshake is out; xgrammar, lean,
+#: before the core is built
+STARTUP = r"""
+import sys
+from engine_core import server
+from engine_core.config import EngineConfig
+
+HEAVY = ("torch", "xgrammar", "transformers")
+listen = server.EngineServer._listen
+
+def listening(self):
+    listen(self)
+    print("handshake:", *[m for m in HEAVY if m in sys.modules] or ["nothing"])
+
+def core(config, tokenizer):
+    print("core:", *[m for m in HEAVY if m in sys.modules])
+    raise KeyboardInterrupt  # start-up ends here, as an interrupt while loading
+
+server.EngineServer._listen = listening
+server.EngineCore = core
+config = EngineConfig(model="random", device="cpu", log_level="WARNING")
+assert server.run_engine(config, lean_xgrammar=True) == 2
+"""
+
+
 def _run(script: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(
@@ -69,3 +95,8 @@ def test_the_engine_imports_no_transformers_and_xgrammars_helpers_still_work():
 
 def test_elsewhere_xgrammar_is_imported_whole():
     assert _run(PLAIN) == ["whole"]
+
+
+def test_the_engine_process_imports_nothing_heavy_before_its_handshake():
+    out = " ".join(_run(STARTUP))
+    assert out == "handshake: nothing core: torch xgrammar", out
