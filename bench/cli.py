@@ -59,6 +59,16 @@ def _common(p: argparse.ArgumentParser, *, iters: int, warmup: int) -> None:
     )
 
 
+def _compile_workers(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument(
+        "--compile-workers",
+        type=int,
+        default=default,
+        help=f"the engine's grammar compile worker processes (default {default}; 0: compile "
+        "in the engine process)",
+    )
+
+
 def _pairs(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--vocabs",
@@ -148,6 +158,7 @@ def parser() -> argparse.ArgumentParser:
         "tokens/s and the structured-output share per request mix",
     )
     _common(p, iters=100, warmup=20)
+    _compile_workers(p, 2)
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -225,6 +236,7 @@ def parser() -> argparse.ArgumentParser:
         "model directory",
     )
     _common(p, iters=0, warmup=0)
+    _compile_workers(p, 1)
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -239,6 +251,7 @@ def parser() -> argparse.ArgumentParser:
         "JSON answer that copies its prompt and on sampled answers drafts do not match",
     )
     _common(p, iters=0, warmup=1)
+    _compile_workers(p, 1)
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -257,6 +270,7 @@ def parser() -> argparse.ArgumentParser:
         help="the engine process: 1-token round trip through the client, steps per second",
     )
     _common(p, iters=0, warmup=20)
+    _compile_workers(p, 2)
     p.add_argument(
         "--requests", type=int, default=1000, help="1-token requests timed (default 1000)"
     )
@@ -268,6 +282,7 @@ def parser() -> argparse.ArgumentParser:
         "of 1-token chat completions and 64-token streamed completions",
     )
     _common(p, iters=0, warmup=20)
+    _compile_workers(p, 2)
     p.add_argument(
         "--requests", type=int, default=400, help="timed requests per setting (default 400)"
     )
@@ -283,6 +298,7 @@ def parser() -> argparse.ArgumentParser:
         "its process tree spent by then; and where start-up time goes, phase by phase",
     )
     _common(p, iters=3, warmup=0)
+    _compile_workers(p, 2)
     p.add_argument(
         "--vocabs",
         type=_names(VOCABS),

@@ -79,7 +79,9 @@ def _core(args, tok, tok_name, model: str, own: dict, drafts: int) -> EngineCore
         max_num_seqs=max(1, args.batch),
         draft_tokens=drafts,
         seed=args.seed,
-        structured_output=StructuredOutputConfig(compile_workers=1, compile_timeout_s=60),
+        structured_output=StructuredOutputConfig(
+            compile_workers=args.compile_workers, compile_timeout_s=60
+        ),
         log_level="WARNING",
     )
     return EngineCore(config, tok)

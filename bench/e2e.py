@@ -54,6 +54,7 @@ import numpy as np
 from engine_core.client import EngineClient
 from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, SamplingParams, StructuredOutputSpec, private_ipc_address
+from structured_output.config import StructuredOutputConfig
 
 from . import states
 from .common import Record, environment
@@ -170,6 +171,7 @@ def engine_config(args: argparse.Namespace, batch: int) -> EngineConfig:
             runner_options={"forward_ms": args.forward_ms},
             seed=args.seed,
             log_level="WARNING",
+            structured_output=StructuredOutputConfig(compile_workers=args.compile_workers),
         )
     own = Path(args.model, "tokenizer.json").is_file()
     return EngineConfig(
@@ -182,6 +184,7 @@ def engine_config(args: argparse.Namespace, batch: int) -> EngineConfig:
         max_num_batched_tokens=max(2048, batch),
         seed=args.seed,
         log_level="WARNING",
+        structured_output=StructuredOutputConfig(compile_workers=args.compile_workers),
     )
 
 

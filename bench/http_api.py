@@ -41,6 +41,7 @@ class _Server:
             sys.executable, "-m", "thinkgate", "serve", "--model", "random",
             "--tokenizer", "qwen3", "--device", args.device, "--seed", str(args.seed),
             "--max-num-seqs", str(max(64, *args.concurrency)), "--port", "0",
+            "--compile-workers", str(args.compile_workers),
         ]  # fmt: skip
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)

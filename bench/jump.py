@@ -76,7 +76,9 @@ def _core(args: argparse.Namespace, tokenizer, jump: bool, script: str | None) -
         max_num_seqs=1,
         jump_forward=jump,
         seed=args.seed,
-        structured_output=StructuredOutputConfig(compile_workers=1, compile_timeout_s=60),
+        structured_output=StructuredOutputConfig(
+            compile_workers=args.compile_workers, compile_timeout_s=60
+        ),
         log_level="WARNING",
     )
     return EngineCore(config, tokenizer)

@@ -23,6 +23,7 @@ import numpy as np
 from engine_core.client import EngineClient
 from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, SamplingParams
+from structured_output.config import StructuredOutputConfig
 
 from .common import Record, environment
 
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> list[Record]:
         device=args.device,
         seed=args.seed,
         log_level="WARNING",
+        structured_output=StructuredOutputConfig(compile_workers=args.compile_workers),
     )
 
     async def body() -> list[Record]:

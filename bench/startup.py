@@ -68,16 +68,22 @@ print(json.dumps([("compile worker: import xgrammar without transformers", t2 - 
 """
 
 
-def _spawn_once(vocab: str) -> dict[str, tuple[float, float | None]]:
+def _spawn_once(vocab: str, workers: int) -> dict[str, tuple[float, float | None]]:
     """Each milestone: seconds since the spawn, and the CPU seconds of the engine's
     process tree by then (None where ``/proc`` cannot tell)."""
     from engine_core.client import EngineClient
     from engine_core.config import EngineConfig
     from ipc import EngineCoreRequest, SamplingParams, StructuredOutputSpec
+    from structured_output.config import StructuredOutputConfig
 
     async def body() -> dict[str, tuple[float, float | None]]:
         t0 = time.perf_counter()
-        config = EngineConfig(model="random", tokenizer=vocab, log_level="WARNING")
+        config = EngineConfig(
+            model="random",
+            tokenizer=vocab,
+            log_level="WARNING",
+            structured_output=StructuredOutputConfig(compile_workers=workers),
+        )
         client = await EngineClient.spawn(config)
         pid = client.proc.pid if client.proc is not None else None
         out = {"handshake": (time.perf_counter() - t0, tree_cpu_s(pid))}
@@ -179,7 +185,7 @@ def run(args: argparse.Namespace) -> list[Record]:
         )
 
     for vocab in args.vocabs:
-        spawns = [_spawn_once(vocab) for _ in range(max(1, args.iters))]
+        spawns = [_spawn_once(vocab, args.compile_workers) for _ in range(max(1, args.iters))]
         for what in spawns[0]:
             got = [s[what] for s in spawns]
             records.append(record(vocab, what, [w for w, _ in got], [c for _, c in got]))

@@ -56,6 +56,8 @@ def test_e2e(tmp_path):
         "one_tool_schema",
         "--forward-ms",
         "5",
+        "--compile-workers",
+        "0",
         "--json",
         str(out),
         "--plot",
@@ -94,6 +96,8 @@ def test_latency(tmp_path, capsys):
         "1,4",
         "--seconds",
         "0.2",
+        "--compile-workers",
+        "0",
         "--json",
         str(out),
         "--plot",
@@ -117,6 +121,7 @@ def test_latency(tmp_path, capsys):
 def test_http(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     args = ["http", "--requests", "6", "--warmup", "2", "--concurrency", "1,4"]
+    args += ["--compile-workers", "0"]
     assert main([*args, "--stream-tokens", "8", "--json", str(out), "--plot", str(png)]) == 0
     records = _records(out)
     assert [(r["method"], r["batch_size"]) for r in records] == [
@@ -133,7 +138,7 @@ def test_http(tmp_path):
 
 def test_startup(tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert main(["startup", "--iters", "1", "--json", str(out)]) == 0
+    assert main(["startup", "--iters", "1", "--compile-workers", "0", "--json", str(out)]) == 0
     records = _records(out)
     what = [r["method"] for r in records]
     assert what[:3] == ["handshake", "first plain request done", "first JSON request done"]
@@ -147,7 +152,8 @@ def test_startup(tmp_path, capsys):
 
 def test_jump(tmp_path):
     out = tmp_path / "jump.json"
-    assert main(["jump", "--model", "scripted", "--calls", "1", "--json", str(out)]) == 0
+    args = ["jump", "--model", "scripted", "--calls", "1", "--compile-workers", "0"]
+    assert main([*args, "--json", str(out)]) == 0
     records = _records(out)
     got = {(r["grammars"][0], r["method"]): r["extra"] for r in records}
     cases = {
@@ -164,6 +170,7 @@ def test_jump(tmp_path):
 def test_drafts(tmp_path):
     out = tmp_path / "drafts.json"
     args = ["drafts", "--model", "scripted", "--batch", "1", "--rounds", "1", "--warmup", "0"]
+    args += ["--compile-workers", "0"]
     assert main([*args, "--max-tokens", "48", "--json", str(out)]) == 0
     got = {(r["grammars"][0], r["extra"]["draft_tokens"]): r["extra"] for r in _records(out)}
     assert set(got) == {(w, k) for w in ("copy", "nomatch") for k in (0, 4)}
