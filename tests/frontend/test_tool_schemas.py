@@ -40,16 +40,40 @@ from frontend.tool_formats import (
 from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from frontend.tool_formats.schemas import normalize_tools
 from frontend.validation import RequestError, ToolSupport, check_request, decode_request
+from frontend.response import THINKING_LAYOUT
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
+from reasoning import (
+    ReasoningParser,
+    create_reasoning_parser,
+    get_reasoning_parser_class,
+    reasoning_parser_names,
+)
 from structured_output.config import StructuredOutputConfig
+from tests.reasoning.cases import CASES
 from tests.support.constrained_sampler import free_text_ends
 from tests.support.contradictions import (
     contradictory_object,
     contradictory_tool_set,
     with_unsatisfiable_required,
 )
-from tests.support.core_run import run_to_end
-from tests.support.roundtrip import call_errors, random_cuts, same_output, stream_parse
+from tests.support.core_run import Finished, run_to_end
+from tests.support.roundtrip import (
+    Tally,
+    call_errors,
+    front_end_read,
+    random_cuts,
+    random_sizes,
+    same_output,
+    stream_parse,
+)
+from tests.support.thinking import (
+    THINKING_FAMILY,
+    THINKING_KWARGS,
+    VOCABULARY,
+    closing_ids,
+    opening_ids,
+    thinking_prompts,
+)
 from tests.support.toolsets import string_tool_set
 from tokenization import load_tokenizer
 
@@ -62,22 +86,37 @@ CI_STRING_SAMPLES = 2
 FULL_TOOL_SETS = 100
 MAX_TOKENS = 512
 MIN_FINISHED = 0.9
+#: with thinking on, the share of finished outputs that must have thought
+MIN_THOUGHT = 0.5
 VOCABULARIES = ("qwen3", "llama3", "o200k_harmony")
 #: every format of the registry, and forcing calls with a plain JSON schema
 FORMATS = [*tool_format_names(), "json_schema"]
 
 
 def _markers(name: str) -> tuple[str, ...]:
-    return () if name == "json_schema" else get_tool_format_class(name).special_markers
+    fmt = () if name == "json_schema" else get_tool_format_class(name).special_markers
+    return (*fmt, *get_reasoning_parser_class(THINKING_FAMILY[name]).special_markers)
 
 
 @cache
 def _vocabulary(name: str) -> str:
-    """The bundled vocabulary holding most of the format's markers natively."""
+    """The bundled vocabulary holding most of the format's markers natively (unless its
+    models' vocabulary is known to be another, `VOCABULARY`)."""
+    if name in VOCABULARY:
+        return VOCABULARY[name]
     return max(
         VOCABULARIES,
         key=lambda v: sum(m in load_tokenizer(v).special_tokens for m in _markers(name)),
     )
+
+
+@cache
+def _tokenizer(vocab: str):
+    """The vocabulary with every marker of its formats and their reasoning families as
+    a special token, one object for all its engines."""
+    names = [f for f in FORMATS if _vocabulary(f) == vocab]
+    markers = list(dict.fromkeys(m for f in names for m in _markers(f)))
+    return load_tokenizer(vocab).with_special_tokens(markers)
 
 
 def _format(name: str, tokenizer) -> ToolFormat:
@@ -86,30 +125,48 @@ def _format(name: str, tokenizer) -> ToolFormat:
     return create_tool_format(name, tokenizer)
 
 
+def _reasoning(name: str, tokenizer, thinking: bool) -> ReasoningParser:
+    family = THINKING_FAMILY[name]
+    kwargs = THINKING_KWARGS.get(family, {}) if thinking else {}
+    return create_reasoning_parser(family, tokenizer, kwargs)
+
+
 @pytest.fixture(scope="module")
 def cores():
-    """One engine per vocabulary, with every marker of its formats as a special token,
-    made on first use."""
-    made: dict[str, EngineCore] = {}
+    """One engine per vocabulary and reasoning family, serving that family's formats
+    with thinking on and off (so both share the compiled grammars), made on first use.
+    The model leans towards what ends free text in these formats and what opens and
+    closes the family's thinking."""
+    made: dict[tuple[str, str], EngineCore] = {}
 
-    def get(vocab: str) -> EngineCore:
-        if vocab not in made:
-            names = [f for f in FORMATS if _vocabulary(f) == vocab]
-            markers = list(dict.fromkeys(m for f in names for m in _markers(f)))
-            tok = load_tokenizer(vocab).with_special_tokens(markers)
-            made[vocab] = EngineCore(
+    def get(name: str) -> EngineCore:
+        vocab, family = _vocabulary(name), THINKING_FAMILY[name]
+        if (vocab, family) not in made:
+            names = [f for f in FORMATS if (_vocabulary(f), THINKING_FAMILY[f]) == (vocab, family)]
+            tok = _tokenizer(vocab)
+            parser = _reasoning(name, tok, thinking=True)
+            prompts = thinking_prompts(parser, tok)
+            thinking = [opening_ids(parser)] if len(prompts) > 1 else []
+            thinking.append(closing_ids(parser))
+            made[vocab, family] = EngineCore(
                 EngineConfig(
                     model="random",
+                    reasoning_parser=family,
                     max_num_seqs=256,
                     structured_output=StructuredOutputConfig(
                         compile_workers=0, compile_timeout_s=60
                     ),
                     seed=13,
-                    runner_options={"ending_texts": _ending_texts(names, tok)},
+                    runner_options={
+                        "ending_texts": [
+                            *_ending_texts(names, tok),
+                            *(tok.decode(ids) for ids in thinking),
+                        ]
+                    },
                 ),
                 tok,
             )
-        return made[vocab]
+        return made[vocab, family]
 
     yield get
     for c in made.values():
@@ -132,17 +189,25 @@ def _ending_texts(names: list[str], tok) -> list[str]:
 
 
 def _round_trip(
-    core: EngineCore, name: str, count: int, make_tools=contradictory_tool_set, samples: int = 1
-) -> None:
+    core: EngineCore,
+    name: str,
+    count: int,
+    make_tools=contradictory_tool_set,
+    samples: int = 1,
+    *,
+    thinking: bool = False,
+) -> Tally:
     """``count`` tool sets from ``make_tools``, each forced three ways (required with
-    parallel calls, required with one, named) and generated ``samples`` times: every
-    output that finished with stop is valid UTF-8 (`Finished.text`), its calls valid,
-    and its stream equal to its whole."""
+    parallel calls, required with one, named) and generated ``samples`` times, with
+    the family's thinking on or off (`_check_output`); the counts, printed as a table
+    row and recorded (`Tally.record`). No request may fail in the engine, every output
+    that finished with stop must be valid, and at least `MIN_FINISHED` finish."""
     tok = core.tokenizer
     fmt = _format(name, tok)
+    parser = _reasoning(name, tok, thinking)
+    prompts = thinking_prompts(parser, tok) if thinking else [tok.encode("Call the right tool.")]
     kind = "" if make_tools is contradictory_tool_set else f" {make_tools.__name__}"
     rng = random.Random(zlib.crc32(f"{name}{kind}".encode()))
-    prompt = tok.encode("Call the right tool.")
     cases, requests = [], []
     for k in range(count):
         tools = make_tools(rng)
@@ -150,58 +215,154 @@ def _round_trip(
         for named, parallel in ((None, True), (None, False), (rng.choice(tools).name, False)):
             spec = fmt.constraint(normalized, named=named, parallel=parallel)
             for sample in range(samples):
+                prompt = prompts[len(requests) % len(prompts)]
+                assert not (thinking and parser.reasoning_ended(prompt))
                 case = f"set {k} named={named} parallel={parallel} sample={sample}"
-                cases.append((case, tools, named, parallel))
+                cases.append((case, tools, named, parallel, prompt))
                 requests.append(
                     EngineCoreRequest(
-                        f"{name}-{len(requests)}",
+                        f"{name}-{thinking:d}-{len(requests)}",
                         prompt,
                         SamplingParams(max_tokens=MAX_TOKENS, seed=len(requests)),
                         StructuredOutputSpec(spec.kind.value, spec.value),
+                        reasoning_ended=parser.reasoning_ended(prompt) if thinking else True,
+                        reasoning_parser_kwargs=parser.kwargs,
                     )
                 )
-    finished = 0
-    failures = []
-    for (case, tools, named, parallel), res in zip(cases, run_to_end(core, requests), strict=True):
-        assert res.reason in (FinishReason.STOP, FinishReason.LENGTH), f"{case}: {res.error}"
+    tally = Tally(name, parser.name, thinking, requests=len(requests))
+    oracle = next(c for c in CASES if c.parser == parser.name).oracle
+    for (case, tools, named, parallel, prompt), res in zip(
+        cases, run_to_end(core, requests), strict=True
+    ):
+        assert res.final is not None
+        if res.reason == FinishReason.ERROR:
+            tally.errors += 1
+            tally.failures.append(f"{case}: internal error {res.error}")
+            continue
         if res.reason != FinishReason.STOP:
             continue
-        finished += 1
-        text = res.text(tok)
-        whole = fmt.parse(text, tools, named=named)
-        errors = call_errors(whole, tools, named, parallel)
-        streamed = stream_parse(fmt, text, tools, random_cuts(rng, len(text)), named)
-        if not same_output(whole, streamed, compare_ids=name == "kimi_k2"):
-            errors.append(f"stream {streamed!r} != whole {whole!r}")
+        tally.finished += 1
+        tally.thought += res.final.num_reasoning_tokens > 0
+        errors, stream_ok = _check_output(
+            fmt, parser, oracle, prompt, res, tools, named, parallel, thinking, rng
+        )
+        tally.stream_equal += stream_ok
         if errors:
-            failures.append(f"{case}: {errors[0]}\n  output: {text!r}")
-    print(f"\n{name}: {finished}/{len(requests)} finished, {len(failures)} invalid")
-    assert not failures, "\n".join(failures[:5])
-    assert finished >= MIN_FINISHED * len(requests)
+            text = tok.decode_bytes(res.token_ids)
+            tally.failures.append(f"{case}: {errors[0]}\n  output: {text!r}")
+        else:
+            tally.valid += 1
+    print(f"\n{Tally.HEADER}\n{tally.row()}")
+    tally.record()
+    assert not tally.failures, "\n".join(tally.failures[:5])
+    assert tally.finished >= MIN_FINISHED * tally.requests, tally.row()
+    if thinking:
+        assert tally.thought >= MIN_THOUGHT * tally.finished, tally.row()
+    return tally
 
 
+def _check_output(
+    fmt: ToolFormat,
+    parser: ReasoningParser,
+    oracle,
+    prompt: list[int],
+    res: Finished,
+    tools,
+    named: str | None,
+    parallel: bool,
+    thinking: bool,
+    rng: random.Random,
+) -> tuple[list[str], bool]:
+    """What is wrong with one output that finished with stop, as the front end reads it,
+    and whether its stream equals its whole. The thinking is what the model wrote
+    before its end marker (the family's oracle, tests/reasoning/oracles.py), and the
+    front end returns it with only the template's layout (`THINKING_LAYOUT`) left out;
+    the answer is valid UTF-8 and its calls valid (`call_errors`); the front end's
+    message read whole equals the one read from a random stream of outputs, and the
+    tool parser's read of the answer cut at random characters equals the whole, as
+    does its "auto" read."""
+    tok = parser.tokenizer
+    ids, final = res.token_ids, res.final
+    body = ids[:-1] if final.stop_reason is not None and ids[-1] == final.stop_reason else ids
+    ended = not thinking
+    tracker = parser.tracker(prompt, ended)
+    start = tracker.phase
+    split, _ = tracker.split_bytes(body)
+    rest = tracker.flush()
+    errors = []
+    try:
+        answer = (split.content + rest.content).decode("utf-8")
+    except UnicodeDecodeError as e:
+        return [f"the answer is not UTF-8: {e}"], False
+    reasoning = (split.reasoning + rest.reasoning).decode("utf-8", "replace")
+    if thinking:
+        expected = oracle(tok, body, start).reasoning.decode("utf-8", "replace")
+        if reasoning != expected:
+            errors.append(f"reasoning {reasoning!r} != what the model thought {expected!r}")
+    elif reasoning:
+        errors.append(f"reasoning {reasoning!r} with thinking off")
+
+    def read(sizes):
+        return front_end_read(
+            tok,
+            ids,
+            final,
+            parser.tracker(prompt, ended),
+            fmt.new_parser(tools, named=named, forced=True),
+            sizes,
+        )
+
+    said, whole = read(())
+    lead, trail = THINKING_LAYOUT
+    trimmed = reasoning[len(lead) :] if reasoning.startswith(lead) else reasoning
+    trimmed = trimmed[: -len(trail)] if tracker.ended and trimmed.endswith(trail) else trimmed
+    if said != trimmed:
+        errors.append(f"the front end's reasoning {said!r} != {trimmed!r}")
+    errors += call_errors(whole, tools, named, parallel)
+    compare_ids = fmt.name == "kimi_k2"
+    said_streamed, streamed = read(random_sizes(rng, len(ids)))
+    by_text = stream_parse(fmt, answer, tools, random_cuts(rng, len(answer)), named, forced=True)
+    auto = fmt.parse(answer, tools, named=named)
+    stream_ok = said_streamed == said and all(
+        same_output(whole, other, compare_ids=compare_ids) for other in (streamed, by_text)
+    )
+    if not stream_ok:
+        errors.append(f"stream ({said_streamed!r}, {streamed!r}, {by_text!r}) != whole {whole!r}")
+    if not same_output(whole, auto, compare_ids=compare_ids):
+        errors.append(f"forced {whole!r} != auto {auto!r}")
+    return errors, stream_ok
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking_off", "thinking_on"])
 @pytest.mark.parametrize("name", FORMATS)
-def test_contradictory_tools_give_valid_calls(cores, name):
-    _round_trip(cores(_vocabulary(name)), name, CI_TOOL_SETS)
+def test_contradictory_tools_give_valid_calls(cores, name, thinking):
+    _round_trip(cores(name), name, CI_TOOL_SETS, thinking=thinking)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking_off", "thinking_on"])
 @pytest.mark.parametrize("name", FORMATS)
-def test_contradictory_tools_give_valid_calls_full(cores, name):
-    _round_trip(cores(_vocabulary(name)), name, FULL_TOOL_SETS)
+def test_contradictory_tools_give_valid_calls_full(cores, name, thinking):
+    _round_trip(cores(name), name, FULL_TOOL_SETS, thinking=thinking)
 
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_free_text_arguments_are_valid_utf8(cores, name):
     """Tools with free string parameters: the random model writes any bytes its
     vocabulary has there, characters split between tokens among them (issue 13.4)."""
-    _round_trip(cores(_vocabulary(name)), name, CI_STRING_SETS, string_tool_set, CI_STRING_SAMPLES)
+    _round_trip(cores(name), name, CI_STRING_SETS, string_tool_set, CI_STRING_SAMPLES)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FORMATS)
 def test_free_text_arguments_are_valid_utf8_full(cores, name):
-    _round_trip(cores(_vocabulary(name)), name, FULL_TOOL_SETS, string_tool_set)
+    _round_trip(cores(name), name, FULL_TOOL_SETS, string_tool_set)
+
+
+def test_every_format_has_a_thinking_family():
+    """A new format of the registry is paired, not skipped (tests/support/thinking.py)."""
+    assert set(THINKING_FAMILY) == set(FORMATS)
+    assert set(THINKING_FAMILY.values()) <= set(reasoning_parser_names())
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -210,7 +371,7 @@ def test_a_required_parameter_no_value_fits_is_refused(cores, name):
     constraint anyway, wherever the constraint carries the parameter as a JSON schema
     (some formats spell enum values, or whole Python literals, out as text: there the
     front end's check is the only one)."""
-    core = cores(_vocabulary(name))
+    core = cores(name)
     fmt = _format(name, core.tokenizer)
     rng = random.Random(zlib.crc32(name.encode()) + 1)
     requests = []
