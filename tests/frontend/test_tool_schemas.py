@@ -30,6 +30,7 @@ from engine_core.config import EngineConfig
 from engine_core.engine import EngineCore
 from frontend.chat_template import ChatTemplate
 from frontend.request_builder import RequestBuilder
+from frontend.response import THINKING_LAYOUT
 from frontend.tool_formats import (
     ToolFormat,
     ToolFormatError,
@@ -40,7 +41,6 @@ from frontend.tool_formats import (
 from frontend.tool_formats.json_schema import JsonSchemaToolFormat
 from frontend.tool_formats.schemas import normalize_tools
 from frontend.validation import RequestError, ToolSupport, check_request, decode_request
-from frontend.response import THINKING_LAYOUT
 from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutputSpec
 from reasoning import (
     ReasoningParser,

@@ -280,7 +280,7 @@ def front_end_read(
 def random_sizes(rng: random.Random, length: int) -> list[int]:
     """Output sizes in tokens: one token each, a few outputs, or anything between."""
     cuts = random_cuts(rng, length)
-    return [b - a for a, b in zip([0, *cuts], [*cuts, length]) if b > a]
+    return [b - a for a, b in zip([0, *cuts], [*cuts, length], strict=True) if b > a]
 
 
 #: where `Tally.record` appends its JSON line, when set
