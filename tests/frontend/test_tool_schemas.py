@@ -218,7 +218,7 @@ def _round_trip(
                 prompt = prompts[len(requests) % len(prompts)]
                 assert not (thinking and parser.reasoning_ended(prompt))
                 case = f"set {k} named={named} parallel={parallel} sample={sample}"
-                cases.append((case, tools, named, parallel, prompt))
+                cases.append((case, tools, normalized, named, parallel, prompt))
                 requests.append(
                     EngineCoreRequest(
                         f"{name}-{thinking:d}-{len(requests)}",
@@ -231,7 +231,7 @@ def _round_trip(
                 )
     tally = Tally(name, parser.name, thinking, requests=len(requests))
     oracle = next(c for c in CASES if c.parser == parser.name).oracle
-    for (case, tools, named, parallel, prompt), res in zip(
+    for (case, tools, normalized, named, parallel, prompt), res in zip(
         cases, run_to_end(core, requests), strict=True
     ):
         assert res.final is not None
@@ -244,7 +244,7 @@ def _round_trip(
         tally.finished += 1
         tally.thought += res.final.num_reasoning_tokens > 0
         errors, stream_ok = _check_output(
-            fmt, parser, oracle, prompt, res, tools, named, parallel, thinking, rng
+            fmt, parser, oracle, prompt, res, (tools, normalized), named, parallel, thinking, rng
         )
         tally.stream_equal += stream_ok
         if errors:
@@ -267,7 +267,7 @@ def _check_output(
     oracle,
     prompt: list[int],
     res: Finished,
-    tools,
+    tool_sets: tuple,
     named: str | None,
     parallel: bool,
     thinking: bool,
@@ -280,7 +280,10 @@ def _check_output(
     the answer is valid UTF-8 and its calls valid (`call_errors`); the front end's
     message read whole equals the one read from a random stream of outputs, and the
     tool parser's read of the answer cut at random characters equals the whole, as
-    does its "auto" read."""
+    does its "auto" read. ``tool_sets``: the tools as the user gave them, which the
+    calls must be valid for, and as normalized, which the constraint was built from and
+    the front end's forced parser reads (`PreparedRequest.plan`)."""
+    tools, normalized = tool_sets
     tok = parser.tokenizer
     ids, final = res.token_ids, res.final
     body = ids[:-1] if final.stop_reason is not None and ids[-1] == final.stop_reason else ids
@@ -308,7 +311,7 @@ def _check_output(
             ids,
             final,
             parser.tracker(prompt, ended),
-            fmt.new_parser(tools, named=named, forced=True),
+            fmt.new_parser(normalized, named=named, forced=True),
             sizes,
         )
 
@@ -321,8 +324,9 @@ def _check_output(
     errors += call_errors(whole, tools, named, parallel)
     compare_ids = fmt.name == "kimi_k2"
     said_streamed, streamed = read(random_sizes(rng, len(ids)))
-    by_text = stream_parse(fmt, answer, tools, random_cuts(rng, len(answer)), named, forced=True)
-    auto = fmt.parse(answer, tools, named=named)
+    cuts = random_cuts(rng, len(answer))
+    by_text = stream_parse(fmt, answer, normalized, cuts, named, forced=True)
+    auto = fmt.parse(answer, normalized, named=named)
     stream_ok = said_streamed == said and all(
         same_output(whole, other, compare_ids=compare_ids) for other in (streamed, by_text)
     )
@@ -478,3 +482,34 @@ def test_ignored_keywords_are_carried_and_reported(builder):
     assert len(prepared.ignored_keywords) == 2
     assert json.loads(prepared.engine_request.structured_output.value) == params  # sent as given
     assert prepared.engine_request.structured_output.ignore_unsupported_keywords
+
+
+def test_the_forced_parser_reads_the_schemas_the_constraint_was_built_from(qwen3):
+    """An enum left with strings only by normalizing makes qwen3_coder's constraint
+    write the raw value as text (``high``); a parser reading the schema as given (an
+    enum with a number: JSON) would return ``{"level": high}``, no JSON. Found by the
+    round trip above (glm45, 13 calls in 300)."""
+    fmt = create_tool_format("qwen3_coder", qwen3)
+    builder = RequestBuilder(
+        qwen3,
+        ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}"),
+        reasoning_parser=None,
+        tool_format=fmt,
+        forced_format=fmt,
+        default_max_tokens=64,
+    )
+    params = {
+        "type": "object",
+        "properties": {"level": {"$ref": "#/$defs/Level", "enum": ["high", 2]}},
+        "required": ["level"],
+        "$defs": {"Level": {"type": "string", "enum": ["low", "high", 3]}},
+    }
+    prepared = _build(builder, tools=[_tool("set_level", params)], tool_choice="required")
+    assert prepared.plan.tools == normalize_tools(prepared.plan.tools).tools
+    assert prepared.plan.tools[0].parameters["properties"]["level"] == {"enum": ["high"]}
+    text = (
+        "<tool_call>\n<function=set_level>\n<parameter=level>\nhigh\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+    parsed = fmt.parse(text, prepared.plan.tools, forced=True)
+    assert [json.loads(c.arguments) for c in parsed.tool_calls] == [{"level": "high"}]
