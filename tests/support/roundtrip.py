@@ -304,6 +304,8 @@ class Tally:
     errors: int = 0
     thought: int = 0
     failures: list[str] = field(default_factory=list)
+    #: the ends of a few outputs max_tokens cut, to show why they did not end
+    unfinished: list[str] = field(default_factory=list)
 
     HEADER = (
         f"{'family':<13} {'reasoning':<14} {'thinking':<8} {'requests':>8} {'finished':>8}"
@@ -321,6 +323,6 @@ class Tally:
         """Append the counts as one JSON line to the file `ROUNDTRIP_OUT` names."""
         path = os.environ.get(ROUNDTRIP_OUT)
         if path:
-            counts = {k: v for k, v in asdict(self).items() if k != "failures"}
+            counts = {k: v for k, v in asdict(self).items() if k not in ("failures", "unfinished")}
             with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(counts) + "\n")
