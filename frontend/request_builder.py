@@ -41,7 +41,7 @@ from .protocol import (
     ResponseFormatStructuralTag,
     StructuredOutputsParam,
 )
-from .tool_formats import ToolFormat, ToolFormatError
+from .tool_formats import FunctionTool, ToolFormat, ToolFormatError
 from .tool_formats.schemas import normalize_tools
 from .validation import RequestError, ToolPlan
 
@@ -54,6 +54,7 @@ class PreparedRequest:
     """Everything the response side needs, besides the engine's outputs."""
 
     engine_request: EngineCoreRequest
+    #: for a forced call, with the normalized tools its constraint was built from
     plan: ToolPlan
     #: the chat-template kwargs (also the engine's reasoning-parser kwargs)
     template_kwargs: dict[str, Any]
@@ -145,7 +146,14 @@ class RequestBuilder:
                 "thinking_token_budget needs a reasoning parser (--reasoning-parser)",
                 "thinking_token_budget",
             )
-        spec, ignored = self.checked_constraint(req, plan)
+        if plan.forced:
+            spec, ignored, tools = self._forced_call(plan, req.ignore_unsupported_keywords)
+            # the forced parser reads the schemas the constraint was built from: the XML
+            # formats read a raw value as text or JSON by its schema, and normalizing can
+            # change which (an enum left with strings only)
+            plan = replace(plan, tools=tools)
+        else:
+            spec, ignored = self.checked_constraint(req, plan)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         engine_request = EngineCoreRequest(
             request_id=req.request_id or f"chatcmpl-{uuid.uuid4().hex}",
@@ -202,7 +210,8 @@ class RequestBuilder:
         before it is sent; and the keywords left out (``ignore_unsupported_keywords``)."""
         ignore = req.ignore_unsupported_keywords
         if plan.forced:
-            return self._forced_call(plan, ignore)
+            spec, ignored, _ = self._forced_call(plan, ignore)
+            return spec, ignored
         spec = response_spec(req)
         if spec is None:
             return None, ()
@@ -218,10 +227,12 @@ class RequestBuilder:
             raise RequestError(str(e), param) from None
         return spec, report.ignored
 
-    def _forced_call(self, plan: ToolPlan, ignore: bool) -> tuple[GrammarSpec, tuple[str, ...]]:
-        """The family's constraint over the tools' normalized parameter schemas: a
-        parameter no value fits is left out if optional, and refused (naming the tool
-        and the parameter) if required."""
+    def _forced_call(
+        self, plan: ToolPlan, ignore: bool
+    ) -> tuple[GrammarSpec, tuple[str, ...], tuple[FunctionTool, ...]]:
+        """The family's constraint over the tools' normalized parameter schemas (a
+        parameter no value fits is left out if optional, and refused, naming the tool
+        and the parameter, if required), the keywords left out, and those tools."""
         try:
             tools = normalize_tools(plan.tools, ignore_unsupported=ignore)
             spec = self.forced_format.constraint(
@@ -229,7 +240,7 @@ class RequestBuilder:
             )
         except (ToolFormatError, GrammarError) as e:
             raise RequestError(str(e), "tools") from None
-        return replace(spec, ignore_unsupported=ignore), tools.ignored
+        return replace(spec, ignore_unsupported=ignore), tools.ignored, tools.tools
 
 
 def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .grammar import (
+    NOT_TEXT,
     Format,
     FreeText,
     alt,
@@ -49,14 +50,16 @@ _NUMBER_KEYWORDS = (
 
 
 def any_literal(free: FreeText, start: str = "value") -> Format:
-    """Any Python literal of JSON data: strings (without the barred characters),
-    bounded numbers, True/False/None, lists, and dicts with string keys (``start``
-    "dict": only a dict)."""
+    """Any Python literal of JSON data: strings (without the barred characters, nor
+    control characters or surrogates: a raw newline or NUL ends ``ast``'s reading, a
+    NUL would let a sealed special token in, and a surrogate is no text), bounded
+    numbers, True/False/None, lists, and dicts with string keys (``start`` "dict":
+    only a dict)."""
     bar = "".join("\\" + c if c in "\\]^-[" else c for c in free.barred)
     grammar = rf"""root ::= {start}
 value ::= string | number | "True" | "False" | "None" | list | dict
 string ::= "'" char* "'"
-char ::= [^'\\\r\n{bar}] | "\\" [\\'nrt]
+char ::= [^'\\{NOT_TEXT}{bar}] | "\\" [\\'nrt]
 number ::= "-"? ("0" | [1-9] [0-9]{{0,15}}) ("." [0-9]{{1,15}})?
 list ::= "[" (value (", " value)*)? "]"
 dict ::= "{{" (string ": " value (", " string ": " value)*)? "}}"

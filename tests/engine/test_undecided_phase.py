@@ -31,6 +31,7 @@ from structured_output import GrammarSpec
 from structured_output.config import StructuredOutputConfig
 from tests.reasoning.cases import CASES, parser_for, tokenizer_for
 from tests.support.core_run import run_to_end
+from tests.support.thinking import opening_ids
 from tokenization import Tokenizer
 
 REQUESTS = 16
@@ -68,19 +69,6 @@ def _open_prompt(parser: ReasoningParser, tok: Tokenizer) -> list[int] | None:
         if parser.prompt_phase(ids) == Phase.UNDECIDED:
             return ids
     return None
-
-
-def _opening_text(parser: ReasoningParser) -> str:
-    """The text that opens the family's thinking, read off the tracker itself: follow
-    its first start-marker continuation until the thinking opens."""
-    tracker = parser.new_tracker(Phase.UNDECIDED)
-    ids: list[int] = []
-    while tracker.phase == Phase.UNDECIDED:
-        assert len(ids) < 64, "the opening never completes"
-        ids.append(tracker.start_marker_continuations()[0])
-        tracker.advance(ids[-1:])
-    assert tracker.phase == Phase.THINKING
-    return parser.tokenizer.decode(ids)
 
 
 @functools.cache
@@ -122,7 +110,7 @@ def test_undecided_outputs_think_and_stay_valid(family: str, framed: bool, lean:
         reasoning_parser=family,
         max_num_seqs=REQUESTS,
         seed=5,
-        runner_options={"ending_texts": [_opening_text(parser)] if lean else []},
+        runner_options={"ending_texts": [tok.decode(opening_ids(parser))] if lean else []},
         structured_output=StructuredOutputConfig(compile_workers=0, compile_timeout_s=60),
     )
     core = EngineCore(config, tok)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from reasoning import Phase, ReasoningParser, create_reasoning_parser, reasoning_parser_names
+from reasoning import Phase, create_reasoning_parser, reasoning_parser_names
+from tests.support.thinking import closing_ids, opening_ids
 
 from .cases import CASES, tokenizer_for
 
@@ -22,25 +23,12 @@ KWARGS = {
 PROMPTS = ("Hi", "<|start|>user<|message|>Hi<|end|><|start|>assistant")
 
 
-def _opening(parser: ReasoningParser) -> tuple[list[int], list[int]]:
-    """The ids that open the family's thinking and the ids that then close it, read off
-    the tracker (its start-marker continuations, then its end-marker ids)."""
-    tracker = parser.new_tracker(Phase.UNDECIDED)
-    opening: list[int] = []
-    while tracker.phase == Phase.UNDECIDED:
-        assert len(opening) < 64
-        opening.append(tracker.start_marker_continuations()[0])
-        tracker.advance(opening[-1:])
-    assert tracker.phase == Phase.THINKING
-    return opening, list(tracker.end_marker_ids())
-
-
 @pytest.mark.parametrize("family", reasoning_parser_names())
 def test_the_prompt_decides_before_the_kwargs(family: str) -> None:
     case = next(c for c in CASES if c.parser == family)
     tok = tokenizer_for(case)
     parsers = {k: create_reasoning_parser(family, tok, kw) for k, kw in KWARGS.items()}
-    opening, closing = _opening(parsers["on"])
+    opening, closing = opening_ids(parsers["on"]), closing_ids(parsers["on"])
     base = next(
         ids
         for ids in (tok.encode(p) for p in PROMPTS)

@@ -6,20 +6,27 @@ parser), and check the calls.
 ``parallel_tool_calls`` on and off (one generation of each grammar, or several), and
 returns the figures; `forced_parse_errors`
 says what is wrong with the reading of one output, `call_errors` with one parsed
-output, if anything.
+output, if anything. `front_end_read` reads an engine's output as the front end does
+(reasoning split, then the forced tool parser), whole or in pieces; `Tally` counts a
+family's round trip through the engine and prints or records it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import jsonschema
 
-from frontend.tool_formats import FunctionTool, ParsedOutput, ToolFormat, collect
+from engine_core.client import RequestOutput
+from frontend.response import OutputProcessor
+from frontend.tool_formats import FunctionTool, ParsedOutput, ToolCallParser, ToolFormat, collect
+from ipc import EngineCoreOutput
+from reasoning import ReasoningTracker
 
 from .constrained_sampler import ConstrainedSampler, free_text_ends
 
@@ -229,3 +236,93 @@ def round_trip(
                         stats.valid += 1
                         stats.multi_call += len(whole.tool_calls) > 1
     return stats
+
+
+def front_end_read(
+    tokenizer,
+    ids: Sequence[int],
+    final: EngineCoreOutput,
+    tracker: ReasoningTracker,
+    tool_parser: ToolCallParser,
+    sizes: Sequence[int] = (),
+) -> tuple[str, ParsedOutput]:
+    """The reasoning and the message the front end makes of an engine's output ``ids``
+    (its stop token last, if it stopped on one) that ended with ``final``, fed in
+    outputs of ``sizes`` tokens (the rest in one; none: all at once): the request's
+    reasoning tracker splits it, the tool parser reads the content, in the front end's
+    own `OutputProcessor`. Every call is kept (a grammar that let a second call through
+    where one is allowed must show)."""
+    proc = OutputProcessor(
+        token_bytes=tokenizer.token_bytes,
+        prompt_tokens=0,
+        tracker=tracker,
+        tool_parser=tool_parser,
+    )
+    bounds = [0]
+    for s in sizes:
+        if bounds[-1] + s < len(ids):
+            bounds.append(bounds[-1] + s)
+    bounds.append(len(ids))
+    deltas = []
+    for k in range(len(bounds) - 1):
+        last = k == len(bounds) - 2
+        out = RequestOutput(
+            final.request_id,
+            list(ids[bounds[k] : bounds[k + 1]]),
+            final.finish_reason if last else None,
+            final.stop_reason if last else None,
+        )
+        deltas.append(proc.push(out))
+    check_delta_form(deltas)
+    return "".join(d.reasoning for d in deltas), collect(deltas)
+
+
+def random_sizes(rng: random.Random, length: int) -> list[int]:
+    """Output sizes in tokens: one token each, a few outputs, or anything between."""
+    cuts = random_cuts(rng, length)
+    return [b - a for a, b in zip([0, *cuts], [*cuts, length], strict=True) if b > a]
+
+
+#: where `Tally.record` appends its JSON line, when set
+ROUNDTRIP_OUT = "THINKGATE_ROUNDTRIP_OUT"
+
+
+@dataclass
+class Tally:
+    """One family's round trip through the engine, thinking on or off: requests sent,
+    finished with stop, valid among those, stream equal to whole among those, internal
+    errors (requests the engine failed), and with thinking on, outputs that thought
+    and ended their thinking."""
+
+    family: str
+    reasoning: str
+    thinking: bool
+    requests: int = 0
+    finished: int = 0
+    valid: int = 0
+    stream_equal: int = 0
+    errors: int = 0
+    thought: int = 0
+    failures: list[str] = field(default_factory=list)
+    #: the ends of a few outputs max_tokens cut, to show why they did not end
+    unfinished: list[str] = field(default_factory=list)
+
+    HEADER = (
+        f"{'family':<13} {'reasoning':<14} {'thinking':<8} {'requests':>8} {'finished':>8}"
+        f" {'valid':>6} {'stream=whole':>12} {'errors':>6} {'thought':>7}"
+    )
+
+    def row(self) -> str:
+        return (
+            f"{self.family:<13} {self.reasoning:<14} {'on' if self.thinking else 'off':<8}"
+            f" {self.requests:>8} {self.finished:>8} {self.valid:>6} {self.stream_equal:>12}"
+            f" {self.errors:>6} {self.thought:>7}"
+        )
+
+    def record(self) -> None:
+        """Append the counts as one JSON line to the file `ROUNDTRIP_OUT` names."""
+        path = os.environ.get(ROUNDTRIP_OUT)
+        if path:
+            counts = {k: v for k, v in asdict(self).items() if k not in ("failures", "unfinished")}
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(counts) + "\n")
