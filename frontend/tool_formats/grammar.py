@@ -72,8 +72,11 @@ def regex(pattern: str) -> Format:
 
 
 def any_text(excludes: Collection[str]) -> Format:
-    """Free text holding none of ``excludes``; it ends where the text after it begins."""
-    return {"type": "any_text", "excludes": sorted(excludes)}
+    """Free text holding none of ``excludes``, nor a NUL: special tokens are sealed
+    behind one in the grammar's view (structured_output/vocab.py), so text that admits
+    a NUL admits every special token (``</think>``, another family's markers). It ends
+    where the text after it begins."""
+    return {"type": "any_text", "excludes": sorted({*excludes, "\x00"})}
 
 
 def tag(begin: str | Format, content: Format, end: str | Format) -> Format:

@@ -122,3 +122,37 @@ def test_pythonic_free_values_come_back_as_json() -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_free_values_come_back_as_json_full(family: str) -> None:
     _check(family, FULL_TOOL_SETS, 1)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_foreign_special_token_inside_free_values(family: str) -> None:
+    """Special tokens are sealed behind a NUL byte in the grammar's view
+    (structured_output/vocab.py), so free text that admits a NUL would admit every
+    special token: ``</think>`` or another family's markers inside an argument. Along
+    generations of a call with free string parameters, wherever the mask is wide
+    (inside free text), the only special tokens it allows are the format's own markers
+    (a closing tag that is a special token ends the value) and the stop tokens."""
+    fmt = format_for(family)
+    tok = fmt.tokenizer
+    sampler = sampler_for(tok)
+    props = {"text": {"type": "string"}, "note": {"type": "string", "maxLength": 40}}
+    tool = FunctionTool("f", {"type": "object", "properties": props, "required": ["text"]})
+    compiled = sampler.compile(fmt.constraint([tool], named="f", parallel=False))
+    own = {tok.special_tokens[m] for m in fmt.special_markers if m in tok.special_tokens}
+    own |= set(tok.stop_token_ids)
+    rng = random.Random(zlib.crc32(family.encode()))
+    wide = 0
+    for _ in range(3):
+        ids = sampler.generate(compiled, rng, max_tokens=256).token_ids
+        matcher = sampler.matcher(compiled)
+        for t in ids:
+            allowed = sampler.allowed(matcher)
+            if len(allowed) > 1000:
+                wide += 1
+                foreign = [int(s) for s in allowed if s in tok.special_ids and s not in own]
+                assert not foreign, (
+                    f"{family}: inside free text the mask allows special tokens "
+                    f"{[tok.token_bytes(s) for s in foreign[:8]]}"
+                )
+            assert matcher.accept_token(t)
+    assert wide, f"{family}: the generations never reached free text"
