@@ -444,9 +444,8 @@ def _json_schemas(node):
 # ----- the front end's request path -------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def builder(qwen3):
-    fmt = create_tool_format("hermes", qwen3)
+def _builder(qwen3, family: str) -> RequestBuilder:
+    fmt = create_tool_format(family, qwen3)
     return RequestBuilder(
         qwen3,
         ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}"),
@@ -455,6 +454,11 @@ def builder(qwen3):
         forced_format=fmt,
         default_max_tokens=64,
     )
+
+
+@pytest.fixture(scope="module")
+def builder(qwen3):
+    return _builder(qwen3, "hermes")
 
 
 def _build(builder, **body):
@@ -515,15 +519,7 @@ def test_the_forced_parser_reads_the_schemas_the_constraint_was_built_from(qwen3
     write the raw value as text (``high``); a parser reading the schema as given (an
     enum with a number: JSON) would return ``{"level": high}``, no JSON. Found by the
     round trip above (glm45, 13 calls in 300)."""
-    fmt = create_tool_format("qwen3_coder", qwen3)
-    builder = RequestBuilder(
-        qwen3,
-        ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}"),
-        reasoning_parser=None,
-        tool_format=fmt,
-        forced_format=fmt,
-        default_max_tokens=64,
-    )
+    builder = _builder(qwen3, "qwen3_coder")
     params = {
         "type": "object",
         "properties": {"level": {"$ref": "#/$defs/Level", "enum": ["high", 2]}},
@@ -537,5 +533,5 @@ def test_the_forced_parser_reads_the_schemas_the_constraint_was_built_from(qwen3
         "<tool_call>\n<function=set_level>\n<parameter=level>\nhigh\n</parameter>\n"
         "</function>\n</tool_call>"
     )
-    parsed = fmt.parse(text, prepared.plan.tools, forced=True)
+    parsed = builder.forced_format.parse(text, prepared.plan.tools, forced=True)
     assert [json.loads(c.arguments) for c in parsed.tool_calls] == [{"level": "high"}]

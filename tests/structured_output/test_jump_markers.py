@@ -37,14 +37,18 @@ TOOL = FunctionTool(
 )
 
 
-def _setup(qwen3, family: str):
-    spec = create_tool_format(family, qwen3).constraint([TOOL], named=TOOL.name, parallel=False)
+def _setup(
+    qwen3, family: str, *, named: str | None = TOOL.name, parallel=False, tokens=ForcedTokens
+):
+    """A guide of the family's call constraint, and the jump's view of the vocabulary
+    (``tokens``: `ForcedTokens` or a subclass)."""
+    spec = create_tool_format(family, qwen3).constraint([TOOL], named=named, parallel=parallel)
     grammar = LocalCompiler(qwen3).compile(GrammarSpec.of(spec.kind.value, spec.value))
     matcher = xgr.GrammarMatcher(grammar, override_stop_tokens=list(qwen3.stop_token_ids))
     guide = RequestGuide(
         None, matcher, stop_token_ids=qwen3.stop_token_ids, token_ids=grammar.token_ids
     )
-    forced = ForcedTokens(
+    forced = tokens(
         lambda s: qwen3.encode(s, special=False),
         qwen3.all_token_bytes,
         qwen3.vocab_rows,
@@ -130,18 +134,7 @@ def test_a_mask_is_filled_only_where_a_token_the_grammar_names_may_come(qwen3, f
     is not jumped: each fill finds the lone
     token it looks for (no fill is spent on a held-back jump that no marker follows),
     and the jumps are the call's own tokens."""
-    spec = create_tool_format(family, qwen3).constraint([TOOL], named=named, parallel=True)
-    grammar = LocalCompiler(qwen3).compile(GrammarSpec.of(spec.kind.value, spec.value))
-    matcher = xgr.GrammarMatcher(grammar, override_stop_tokens=list(qwen3.stop_token_ids))
-    guide = RequestGuide(
-        None, matcher, stop_token_ids=qwen3.stop_token_ids, token_ids=grammar.token_ids
-    )
-    forced = _CountingForced(
-        lambda s: qwen3.encode(s, special=False),
-        qwen3.all_token_bytes,
-        qwen3.vocab_rows,
-        qwen3.special_ids,
-    )
+    guide, forced = _setup(qwen3, family, named=named, parallel=True, tokens=_CountingForced)
     call = (
         EXAMPLES[family][0 if named is None else 1]
         .replace("get_time", "get_weather")
