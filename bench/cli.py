@@ -208,6 +208,7 @@ def parser() -> argparse.ArgumentParser:
         "continuous batching, xgrammar's logits processor) on one model directory",
     )
     _common(p, iters=3, warmup=1)
+    _compile_workers(p, 2)
     p.add_argument("--model", metavar="DIR", required=True, help="a model directory")
     p.add_argument(
         "--engine-torch-threads", type=int, help="torch intra-op threads of the engine process"

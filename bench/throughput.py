@@ -42,6 +42,7 @@ import torch
 from engine_core.client import EngineClient
 from engine_core.config import EngineConfig
 from ipc import EngineCoreRequest, SamplingParams, StructuredOutputSpec
+from structured_output.config import StructuredOutputConfig
 
 from . import states
 from .common import Record, environment
@@ -102,6 +103,7 @@ class _Engines:
                 max_num_batched_tokens=max(2048, batch),
                 seed=self.args.seed,
                 log_level="WARNING",
+                structured_output=StructuredOutputConfig(compile_workers=self.args.compile_workers),
             )
             threads = self.args.engine_torch_threads
             saved = os.environ.get("OMP_NUM_THREADS")

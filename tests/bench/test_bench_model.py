@@ -22,6 +22,7 @@ def test_e2e_with_a_model(model, tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     args = ["e2e", "--model", str(model), "--batch-sizes", "2", "--iters", "3"]
     args += ["--warmup", "2", "--constrained", "0,1", "--thinking", "0", "--max-tokens", "64"]
+    args += ["--compile-workers", "0"]
     assert main([*args, "--json", str(out), "--plot", str(png)]) == 0
     records = json.loads(out.read_text())
     assert [
@@ -42,6 +43,7 @@ def test_throughput(model, tmp_path, capsys):
     # batch size 1: the batched and the one-at-a-time runs share one engine process
     args = ["throughput", "--model", str(model), "--requests", "2", "--batch-size", "1"]
     args += ["--new-tokens", "4", "--iters", "1", "--warmup", "0", "--grammars", "hermes_tag"]
+    args += ["--compile-workers", "0"]
     assert main([*args, "--json", str(out), "--plot", str(png)]) == 0
     records = json.loads(out.read_text())
     got = {(r["extra"]["mode"], r["method"]): r for r in records}
