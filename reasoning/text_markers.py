@@ -234,6 +234,7 @@ class TextMarkersParser(ReasoningParser):
 
 
 _UNKNOWN = object()
+_THINKING = Phase.THINKING  # read faster than the enum's attribute
 
 # Tracker modes beyond the phase: while THINKING, whether a leading start marker is
 # still being looked for (the prompt opened reasoning and the model may write the
@@ -277,13 +278,13 @@ class TextMarkersTracker(ReasoningTracker):
         return self._p.end_ids(self._held if self._mode == _SCAN else b"")
 
     def ending_tokens(self) -> tuple[Hashable, Sequence[int]] | None:
-        if self.phase != Phase.THINKING:
+        # Once per thinking step: most steps hold nothing, and read one attribute.
+        if self.phase != _THINKING:
             return None
-        if not self._held and self._mode == _SCAN:
-            hint = self._p.plain_ending
-            if hint is not _UNKNOWN:
-                return hint  # type: ignore[return-value]
-        return self._p.ending_tokens(self._mode, self._held)
+        if self._held or self._mode != _SCAN:
+            return self._p.ending_tokens(self._mode, self._held)
+        hint = self._p.plain_ending
+        return self._p.ending_tokens(_SCAN, b"") if hint is _UNKNOWN else hint  # type: ignore[return-value]
 
     # ----- rollback -------------------------------------------------------------
 

@@ -70,6 +70,7 @@ class RequestGuide:
         "_probe",
         "_token_ids",
         "_bans",
+        "_endings",
         "_ending_bans",
         "__weakref__",
     )
@@ -112,9 +113,14 @@ class RequestGuide:
         if matcher is not None:
             rejected = [t for t in implicit_end_ids if not _starts_with(matcher, t)]
             self._bans = tuple(dict.fromkeys([*rejected, *stop_token_ids]))
+        #: the tracker's `ReasoningTracker.ending_tokens`, where there is a grammar
+        self._endings = (
+            tracker.ending_tokens if tracker is not None and matcher is not None else None
+        )
         #: ids not allowed this step while thinking (set after each token fed)
         self.banned = self._bans
-        self._update_bans()
+        if self._endings is not None:
+            self._update_bans(self._endings())
 
     # ----- read between steps -------------------------------------------------
 
@@ -255,17 +261,18 @@ class RequestGuide:
         if self.phase == Phase.THINKING:
             self._drop_tentative()
             self.follows_grammar = True
-            self._update_bans()
+            if self._endings is not None:
+                hint = self._endings()
+                if hint is None:
+                    self.banned = self._bans
+                else:
+                    self._update_bans(hint)
         elif self.phase == Phase.ANSWER:
             self._begin_answer(start, phase, output_ids)
 
-    def _update_bans(self) -> None:
-        """While thinking under a grammar: `banned` for the tracker's state now. Most
-        steps the tracker names no ending token (one attribute read there)."""
-        tracker = self.tracker
-        if self.matcher is None or tracker is None or self.phase != Phase.THINKING:
-            return
-        hint = tracker.ending_tokens()
+    def _update_bans(self, hint: tuple[Hashable, Sequence[int]] | None) -> None:
+        """While thinking under a grammar: `banned` for the tracker's state now, from
+        its ``hint`` (`ReasoningTracker.ending_tokens`; most steps None)."""
         if hint is None:
             self.banned = self._bans
             return
