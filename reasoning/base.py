@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
@@ -140,6 +140,26 @@ class ReasoningTracker(ABC):
         """In the THINKING phase: the ids that close reasoning from here, in order (the
         engine forces them when a reasoning budget runs out)."""
         return ()
+
+    def ending_tokens(self) -> tuple[Hashable, Sequence[int]] | None:
+        """In the THINKING phase: the ids that, fed now, may close reasoning with a token
+        that carries bytes after the end marker (answer bytes, unless layout takes
+        them), and a key for the state they were read from. Two states with the same
+        key have the same ids, and each id fed in either gives the same `AnswerStart`
+        (so a caller may cache what it derives from them per key). None where no token
+        can (an end marker that is one special token: the default). A superset: which
+        of them really carry answer bytes, and which, `probe` says."""
+        return None
+
+    def probe(self, token_id: int) -> AnswerStart | None:
+        """What `advance` of ``token_id`` would return now, the state left as it was
+        (the rollback window included)."""
+        saved, took = self._save(), self._took
+        try:
+            return self._advance((token_id,), False)[0]
+        finally:
+            self._load(saved)
+            self._took = took
 
     # ----- layout (for the family machines) ---------------------------------------
 

@@ -18,7 +18,7 @@ answer where the family writes one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .answer_wrapper import AnswerWrapper, WrapperState
@@ -157,6 +157,11 @@ class TextMarkersParser(ReasoningParser):
         self._turn_ids = special_ids(tokenizer, self.turn_markers)
         self._continuations: dict[bytes, tuple[int, ...]] = {}
         self._end_ids: dict[bytes, tuple[int, ...]] = {}
+        self._containing: tuple[int, ...] | None = None
+        self._endings: dict[tuple[int, bytes], tuple[Hashable, tuple[int, ...]] | None] = {}
+        #: `ending_tokens` where nothing is held while scanning (most steps of a
+        #: thought), read by the tracker as a plain attribute once known
+        self.plain_ending: tuple[Hashable, tuple[int, ...]] | None | object = _UNKNOWN
 
     @property
     def implicit_end_ids(self) -> Sequence[int]:
@@ -182,6 +187,43 @@ class TextMarkersParser(ReasoningParser):
             )
         return ids
 
+    def ending_tokens(self, mode: int, held: bytes) -> tuple[Hashable, tuple[int, ...]] | None:
+        """`ReasoningTracker.ending_tokens` of a thinking tracker in ``mode`` that holds
+        ``held``, cached: the tokens that contain a whole end spelling with bytes after
+        it, and for each suffix of ``held`` that is a proper prefix of a spelling, the
+        tokens that start with the rest of that spelling and are longer. None when
+        there are none. The key is ``(mode, held)``: the whole state the machine reads
+        to close on one token."""
+        key = (mode, held)
+        hint = self._endings.get(key, _UNKNOWN)
+        if hint is _UNKNOWN:
+            index = vocab_index(self.tokenizer)
+            ids = dict.fromkeys(self._containing_end())
+            tail = held[len(held) - self.end.tail_len(held) :]
+            for k in range(len(tail), 0, -1):
+                for v in self.end.variants:
+                    if len(v) > k and v.startswith(tail[-k:]):
+                        ids.update(dict.fromkeys(index.longer_with_prefix(v[k:])))
+            hint = self._endings[key] = (key, tuple(ids)) if ids else None
+            if key == (_SCAN, b""):
+                self.plain_ending = hint
+        return hint  # type: ignore[return-value]
+
+    def _containing_end(self) -> tuple[int, ...]:
+        """The ids whose bytes hold a whole end spelling with bytes after it (one scan
+        of the vocabulary, cached)."""
+        if self._containing is None:
+            variants = self.end.variants
+            ids = []
+            for t, data in enumerate(self.tokenizer.all_token_bytes):
+                for v in variants:
+                    i = data.find(v)
+                    if i >= 0 and i + len(v) < len(data):
+                        ids.append(t)
+                        break
+            self._containing = tuple(ids)
+        return self._containing
+
     def end_ids(self, written: bytes) -> tuple[int, ...]:
         """The ids of the rest of the end marker after ``written``, cached."""
         ids = self._end_ids.get(written)
@@ -190,6 +232,9 @@ class TextMarkersParser(ReasoningParser):
             ids = self._end_ids[written] = tuple(self.tokenizer.encode(rest, special=False))
         return ids
 
+
+_UNKNOWN = object()
+_THINKING = Phase.THINKING  # read faster than the enum's attribute
 
 # Tracker modes beyond the phase: while THINKING, whether a leading start marker is
 # still being looked for (the prompt opened reasoning and the model may write the
@@ -231,6 +276,15 @@ class TextMarkersTracker(ReasoningTracker):
         if self.phase != Phase.THINKING:
             return ()
         return self._p.end_ids(self._held if self._mode == _SCAN else b"")
+
+    def ending_tokens(self) -> tuple[Hashable, Sequence[int]] | None:
+        # Once per thinking step: most steps hold nothing, and read one attribute.
+        if self.phase != _THINKING:
+            return None
+        if self._held or self._mode != _SCAN:
+            return self._p.ending_tokens(self._mode, self._held)
+        hint = self._p.plain_ending
+        return self._p.ending_tokens(_SCAN, b"") if hint is _UNKNOWN else hint  # type: ignore[return-value]
 
     # ----- rollback -------------------------------------------------------------
 

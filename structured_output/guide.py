@@ -20,15 +20,20 @@ Rules it keeps (DESIGN.md):
   family whose opening marker shares first letters with an answer (Harmony's
   ``analysis`` channel);
 - an implicit-end token that the grammar would reject is banned while thinking, so
-  ending the thought can never produce an invalid answer; so are the stop tokens,
-  since an output that stops while thinking has no answer at all (a constrained
-  answer cannot stop before its grammar may end);
+  ending the thought can never produce an invalid answer; so is a token that would
+  complete a text end marker (OLMo 3's ``</think>`` in ordinary tokens) and carry
+  answer bytes after it that the grammar rejects (``>',`` after ``</think``): the
+  tracker names the candidates (`ReasoningTracker.ending_tokens`), its own machine
+  says which answer bytes each would give (`ReasoningTracker.probe`: layout rules
+  included), and the fresh grammar judges them, once per request and tracker state;
+  so are the stop tokens, since an output that stops while thinking has no answer at
+  all (a constrained answer cannot stop before its grammar may end);
 - a reasoning budget forces the end marker once the thought is that long.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from reasoning import AnswerStart, Phase, ReasoningTracker
@@ -64,6 +69,9 @@ class RequestGuide:
         "_forced",
         "_probe",
         "_token_ids",
+        "_bans",
+        "_endings",
+        "_ending_bans",
         "__weakref__",
     )
 
@@ -98,10 +106,21 @@ class RequestGuide:
         self._probe = True
         #: ids never allowed while thinking (when there is a grammar): implicit ends
         #: the grammar would reject, and the stop tokens
-        self.banned: tuple[int, ...] = ()
+        self._bans: tuple[int, ...] = ()
+        #: per `ReasoningTracker.ending_tokens` key: `_bans` and the tokens that would
+        #: end the thought there with answer bytes the grammar rejects
+        self._ending_bans: dict[Hashable, tuple[int, ...]] = {}
         if matcher is not None:
             rejected = [t for t in implicit_end_ids if not _starts_with(matcher, t)]
-            self.banned = tuple(dict.fromkeys([*rejected, *stop_token_ids]))
+            self._bans = tuple(dict.fromkeys([*rejected, *stop_token_ids]))
+        #: the tracker's `ReasoningTracker.ending_tokens`, where there is a grammar
+        self._endings = (
+            tracker.ending_tokens if tracker is not None and matcher is not None else None
+        )
+        #: ids not allowed this step while thinking (set after each token fed)
+        self.banned = self._bans
+        if self._endings is not None:
+            self._update_bans(self._endings())
 
     # ----- read between steps -------------------------------------------------
 
@@ -242,8 +261,46 @@ class RequestGuide:
         if self.phase == Phase.THINKING:
             self._drop_tentative()
             self.follows_grammar = True
+            if self._endings is not None:
+                hint = self._endings()
+                if hint is None:
+                    self.banned = self._bans
+                else:
+                    self._update_bans(hint)
         elif self.phase == Phase.ANSWER:
             self._begin_answer(start, phase, output_ids)
+
+    def _update_bans(self, hint: tuple[Hashable, Sequence[int]] | None) -> None:
+        """While thinking under a grammar: `banned` for the tracker's state now, from
+        its ``hint`` (`ReasoningTracker.ending_tokens`; most steps None)."""
+        if hint is None:
+            self.banned = self._bans
+            return
+        key, ids = hint
+        bans = self._ending_bans.get(key)
+        if bans is None:
+            bans = self._ending_bans[key] = (*self._bans, *self._rejected_endings(ids))
+        self.banned = bans
+
+    def _rejected_endings(self, ids: Sequence[int]) -> list[int]:
+        """Those of ``ids`` that, fed now, would end the thought with answer bytes the
+        fresh grammar rejects (what `_begin_answer` would raise on)."""
+        tracker, m = self.tracker, self.matcher
+        assert tracker is not None and m is not None
+        verdicts: dict[bytes, bool] = {}
+        rejected: list[int] = []
+        for t in ids:
+            start = tracker.probe(t)
+            if start is None or not start.prefix:
+                continue
+            ok = verdicts.get(start.prefix)
+            if ok is None:
+                ok = verdicts[start.prefix] = m.accept_string(start.prefix)
+                if ok:
+                    m.rollback(1)  # the whole string is one step
+            if not ok:
+                rejected.append(t)
+        return rejected
 
     def _accept_answer(self, token_id: int) -> None:
         if self.matcher is None:

@@ -11,6 +11,7 @@ continuations, end-marker ids) do what they promise.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 import pytest
 from hypothesis import strategies as st
@@ -187,6 +188,70 @@ def _engine_hints(case: Case, data: st.DataObject) -> None:
 
 test_engine_hints = property_test(_engine_hints, 25)
 test_engine_hints_full = property_test(_engine_hints, 250, slow=True)
+
+
+def _ending_tokens(case: Case, data: st.DataObject) -> None:
+    """In THINKING, a token that would close reasoning with bytes after the end marker
+    (`AnswerStart.prefix`) is among `ending_tokens`' ids; states with the same key
+    have the same ids, and each of them fed gives the same answer start; `probe` says
+    what `advance` says and leaves the state (and the rollback window) as it was.
+    Tokens tried at each step: the output's next one, random ones of the vocabulary,
+    and random ones holding an end marker's last byte (those that may close it)."""
+    parser = parser_for(case)
+    phase, ids = _draw_output(data, case)
+    tracker = parser.new_tracker(phase)
+    closers = _closers(case)
+    seen: dict[object, tuple[tuple[int, ...], dict[int, AnswerStart | None]]] = {}
+    vocab = st.integers(0, len(parser.tokenizer.all_token_bytes) - 1)
+    for i in range(len(ids) + 1):
+        if tracker.phase == Phase.THINKING:
+            hint = tracker.ending_tokens()
+            key, named = hint if hint is not None else (None, ())
+            named_set = set(named)
+            tries = [*ids[i : i + 1], *data.draw(st.lists(vocab, max_size=4), label="random")]
+            if closers:
+                tries += data.draw(st.lists(st.sampled_from(closers), max_size=6), label="c")
+            if named:
+                tries += data.draw(st.lists(st.sampled_from(named), max_size=4), label="named")
+            before = tracker._save(), len(tracker._checkpoints)
+            for t in tries:
+                start = tracker.probe(t)
+                assert (tracker._save(), len(tracker._checkpoints)) == before
+                if start is not None and start.prefix:
+                    assert t in named_set, (t, start)
+                if hint is None:
+                    continue
+                known = seen.setdefault(key, (tuple(named), {}))
+                assert known[0] == tuple(named), key
+                assert known[1].setdefault(t, start) == start, (key, t)
+            for t in tries[-2:]:
+                start = tracker.probe(t)
+                assert tracker.advance([t]) == start
+                tracker.rollback(1)
+                assert tracker._save() == before[0]
+        if i < len(ids):
+            tracker.advance(ids[i : i + 1])
+
+
+@cache
+def _closers_of(case_id: str) -> list[int]:
+    case = next(c for c in CASES if c.id == case_id)
+    tracker = parser_for(case).new_tracker(Phase.THINKING)
+    end = getattr(getattr(tracker, "_p", None), "end", None)
+    if end is None:
+        return []
+    lasts = {v[-1:] for v in end.variants}
+    tb = parser_for(case).tokenizer.all_token_bytes
+    return [t for t, b in enumerate(tb) if any(x in b for x in lasts)]
+
+
+def _closers(case: Case) -> list[int]:
+    """The ids whose bytes hold the last byte of an end spelling (text markers only)."""
+    return _closers_of(case.id)
+
+
+test_ending_tokens = property_test(_ending_tokens, 25)
+test_ending_tokens_full = property_test(_ending_tokens, 250, slow=True)
 
 
 def _grammar_text(parser, phase: Phase, ids: Sequence[int]) -> bytes | None:
