@@ -175,6 +175,10 @@ MEDIUM_SCHEMA = json.dumps({"enum": [f"member-{i}" for i in range(20_000)]})
 CLIENT_TIMEOUT_S = 2.0
 MAX_WAITING = 200
 CLIENT_BACKLOG = 1000
+#: a forward pass that sleeps (as a real one waits on its device): the engine idles
+#: between steps, so background traffic costs the machine little CPU while a test
+#: waits on what it broke
+PACED = ("--forward-ms", "5")
 FAULTS_ENGINE_ARGS = (
     "--model",
     "random",

@@ -18,9 +18,9 @@ from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutpu
 from tests.support.grammars import hermes_calls_valid, hermes_tag
 
 from .conftest import serve
-from .support import PROMPT, background, rss_kib
+from .support import PACED, PROMPT, background, rss_kib
 
-COMPILE_TIMEOUT_S = 6
+COMPILE_TIMEOUT_S = 8
 #: a worker killed at its time limit (or dead) is replaced; a retry may wait for it
 MARGIN_S = 30
 WORKER_MEMORY_MB = 3072
@@ -41,6 +41,7 @@ def served(tmp_path_factory):
             str(WORKER_MEMORY_MB),
             "--seed",
             "31",
+            *PACED,
         ],
         tmp_path_factory,
         "grammars",

@@ -21,6 +21,7 @@ from .conftest import serve
 from .support import (
     FAULTS_ENGINE_ARGS,
     MEDIUM_SCHEMA,
+    PACED,
     PROMPT,
     SLOW_SCHEMA,
     alive,
@@ -36,7 +37,7 @@ from .support import (
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    yield from serve(FAULTS_ENGINE_ARGS, tmp_path_factory, "worker-faults")
+    yield from serve([*FAULTS_ENGINE_ARGS, *PACED], tmp_path_factory, "worker-faults")
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import pytest
 from ipc import DEFAULT_MAX_MESSAGE_BYTES, NOT_GREETED, ErrorNotice, HealthRequest, MsgType
 
 from .conftest import serve
-from .support import RawPeer, background, hwm_kib, rss_kib
+from .support import PACED, RawPeer, background, hwm_kib, rss_kib
 
 MIB = 1 << 20
 
@@ -21,7 +21,7 @@ MIB = 1 << 20
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     yield from serve(
-        ["--model", "random", "--max-num-seqs", "16", "--compile-workers", "0"],
+        ["--model", "random", "--max-num-seqs", "16", "--compile-workers", "0", *PACED],
         tmp_path_factory,
         "limits",
     )
