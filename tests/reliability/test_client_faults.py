@@ -32,6 +32,7 @@ from .support import (
     CLIENT_TIMEOUT_S,
     FAULTS_ENGINE_ARGS,
     MAX_WAITING,
+    PACED,
     PROMPT,
     SCHEMA,
     RawPeer,
@@ -51,7 +52,7 @@ report = figures_report("client faults", FIGURES)
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     yield from serve(
-        [*FAULTS_ENGINE_ARGS, "--compile-workers", "0"], tmp_path_factory, "client-faults"
+        [*FAULTS_ENGINE_ARGS, "--compile-workers", "0", *PACED], tmp_path_factory, "client-faults"
     )
 
 

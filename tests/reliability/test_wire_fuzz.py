@@ -40,7 +40,16 @@ from ipc import (
 )
 
 from .conftest import serve
-from .support import PROMPT, RawPeer, background, classify, errors_of, outputs_of, rss_kib
+from .support import (
+    PACED,
+    PROMPT,
+    RawPeer,
+    background,
+    classify,
+    errors_of,
+    outputs_of,
+    rss_kib,
+)
 from .wire_strategies import FRAMES, VOCAB, encode_frames
 
 MAX_MODEL_LEN = 1024
@@ -65,6 +74,7 @@ def served(tmp_path_factory):
             "11",
             "--compile-workers",
             "0",
+            *PACED,
         ],
         tmp_path_factory,
         "fuzz",
