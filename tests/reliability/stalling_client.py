@@ -9,8 +9,8 @@ At the end: one ``ended ID REASON TOKENS ERROR`` line per request, then ``done``
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import sys
-import time
 
 from engine_core.client import EngineClient
 from ipc import EngineCoreRequest, SamplingParams
@@ -19,15 +19,19 @@ from .support import PROMPT
 
 
 def hold_the_gil(seconds: float) -> None:
-    """Busy Python for ``seconds`` without letting another thread run: the switch
-    interval (how long a thread waiting for the GIL waits before asking for it) is
-    set past the stall."""
+    """Hold the GIL for ``seconds`` and let no other thread run, as a long call into a C
+    extension that keeps it does, without spending the CPU a busy loop would: libc's
+    ``sleep`` called through ``ctypes.PyDLL``, which keeps the GIL during the call. The
+    switch interval (how long a thread waiting for the GIL waits before asking for it)
+    is set past the stall, for the few bytecodes between the calls."""
+    libc = ctypes.PyDLL(None)
     old = sys.getswitchinterval()
     sys.setswitchinterval(seconds + 30)
     try:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            pass
+        whole, rest = divmod(seconds, 1.0)
+        for _ in range(int(whole)):
+            libc.sleep(ctypes.c_uint(1))
+        libc.usleep(ctypes.c_uint(int(rest * 1e6)))
     finally:
         sys.setswitchinterval(old)
 
