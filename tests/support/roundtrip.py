@@ -157,6 +157,8 @@ class RoundTrip:
     generate_s: float = 0.0
     parse_s: float = 0.0
     failures: list[str] = field(default_factory=list)
+    #: a few outputs cut by max_tokens, to show why they did not end
+    unfinished: list[str] = field(default_factory=list)
 
     @property
     def finished_pct(self) -> float:

@@ -23,7 +23,6 @@ import asyncio
 import random
 import time
 import zlib
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -34,7 +33,7 @@ from ipc import EngineCoreRequest, FinishReason, SamplingParams, StructuredOutpu
 from structured_output.config import StructuredOutputConfig
 from tests.support.constrained_sampler import free_text_ends
 from tests.support.engine import EngineHarness, collect
-from tests.support.roundtrip import forced_parse_errors
+from tests.support.roundtrip import RoundTrip, forced_parse_errors
 from tests.support.toolsets import tool_sets
 from tokenization import load_tokenizer
 
@@ -56,27 +55,6 @@ for _family in FAMILIES:
 BASES["qwen3"].append("json:qwen3")
 BASES["llama3"].append("json:llama3")
 CASES = [(base, fam) for base, fams in BASES.items() for fam in fams]
-
-
-@dataclass
-class Figures:
-    name: str
-    generations: int = 0
-    finished: int = 0
-    valid: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    failures: list[str] = field(default_factory=list)
-    #: a few outputs cut by max_tokens, to show why they did not end
-    unfinished: list[str] = field(default_factory=list)
-
-    def row(self) -> str:
-        return (
-            f"{self.name:<14} {self.generations:>5} gens  "
-            f"{100 * self.finished / self.generations:6.1f}% finished  "
-            f"{100 * self.valid / max(self.finished, 1):6.1f}% valid  "
-            f"{self.tokens / self.generations:6.1f} tokens  {self.seconds:6.1f} s"
-        )
 
 
 def _markers(base: str) -> list[str]:
@@ -129,7 +107,7 @@ def _format(name: str, tokenizer) -> ToolFormat:
     return create_tool_format(name, tokenizer)
 
 
-def _run(engine: EngineHarness, name: str, count: int, samples: int) -> Figures:
+def _run(engine: EngineHarness, name: str, count: int, samples: int) -> RoundTrip:
     tok = engine.client.tokenizer()
     fmt = _format(name, tok)
     seed = zlib.crc32(name.encode())
@@ -163,7 +141,7 @@ def _run(engine: EngineHarness, name: str, count: int, samples: int) -> Figures:
 
     t0 = time.monotonic()
     results = engine.run(body, timeout=3000)
-    fig = Figures(name, seconds=time.monotonic() - t0)
+    fig = RoundTrip(name, generate_s=time.monotonic() - t0)
     for (case, tools, named, parallel, _, rng), (ids, final, finals) in zip(
         cases, results, strict=True
     ):
@@ -199,11 +177,9 @@ PER_BASE = pytest.mark.parametrize(
 
 def _check(engine: EngineHarness, family: str, count: int, samples: int = 1) -> None:
     fig = _run(engine, family, count, samples)
-    print("\n" + fig.row())
+    print("\n" + RoundTrip.HEADER + "\n" + fig.row())
     assert not fig.failures, "\n".join(fig.failures[:5])
-    assert 100 * fig.finished / fig.generations >= MIN_FINISHED_PCT, "\n".join(
-        [fig.row(), *fig.unfinished]
-    )
+    assert fig.finished_pct >= MIN_FINISHED_PCT, "\n".join([fig.row(), *fig.unfinished])
 
 
 @PER_BASE
