@@ -262,11 +262,7 @@ class RequestGuide:
             self._drop_tentative()
             self.follows_grammar = True
             if self._endings is not None:
-                hint = self._endings()
-                if hint is None:
-                    self.banned = self._bans
-                else:
-                    self._update_bans(hint)
+                self._update_bans(self._endings())
         elif self.phase == Phase.ANSWER:
             self._begin_answer(start, phase, output_ids)
 
