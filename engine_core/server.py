@@ -51,10 +51,12 @@ from ipc import (
     Hello,
     Shutdown,
     SocketPump,
+    TokenFileError,
     WireError,
     check_bind_address,
     ensure_keys,
     private_ipc_address,
+    read_shutdown_token,
     serve_curve,
     set_heartbeats,
 )
@@ -149,7 +151,7 @@ class EngineServer:
         torch, xgrammar and the model load."""
         config = self.config
         t0 = time.perf_counter()
-        self.shutdown_token = _read_token(config.shutdown_token_file)
+        self.shutdown_token = read_shutdown_token(config.shutdown_token_file)
         self.keys = ensure_keys(config.curve_keys) if config.curve_keys else None
         if config.address:
             check_bind_address(
@@ -538,23 +540,6 @@ def _startup_step(what: str) -> Iterator[None]:
         log.debug("%s", what, exc_info=True)
         detail = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise StartupError(f"{what}: {detail}") from None
-
-
-class TokenFileError(ValueError):
-    """A --shutdown-token-file that cannot be used."""
-
-
-def _read_token(path: str | None) -> str | None:
-    """The shutdown token in file ``path`` (None: no file, no token)."""
-    if path is None:
-        return None
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as e:
-        raise TokenFileError(f"cannot read --shutdown-token-file {path!r}: {e.strerror}") from None
-    if not token:
-        raise TokenFileError(f"--shutdown-token-file {path!r} is empty")
-    return token
 
 
 #: what builds the core (`bench.engine_probe` puts its own here); by default the class

@@ -5,10 +5,12 @@ from .keys import (
     ClientKeys,
     CurveKeyError,
     ServerKeys,
+    TokenFileError,
     connect_curve,
     curve_available,
     ensure_keys,
     load_client_keys,
+    read_shutdown_token,
     serve_curve,
 )
 from .messages import (
@@ -78,6 +80,7 @@ __all__ = [
     "Shutdown",
     "SocketPump",
     "StructuredOutputSpec",
+    "TokenFileError",
     "TokenLogprobs",
     "WireError",
     "check_bind_address",
@@ -86,6 +89,7 @@ __all__ = [
     "ensure_keys",
     "free_tcp_port",
     "load_client_keys",
+    "read_shutdown_token",
     "private_ipc_address",
     "serve_curve",
     "set_heartbeats",

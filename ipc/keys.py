@@ -13,6 +13,9 @@ A key directory (``--curve-keys DIR``, mode 0700) holds:
 `ensure_keys` makes what is missing. A front end on another machine gets a directory
 of its own holding ``engine.key`` and its ``client.key_secret`` (copied over a channel
 you trust), and connects with `load_client_keys` of that directory.
+
+The engine's other secret, the token a SHUTDOWN must carry, is read from its
+``--shutdown-token-file`` with `read_shutdown_token`.
 """
 
 from __future__ import annotations
@@ -140,3 +143,20 @@ def connect_curve(sock: zmq.Socket, keys: ClientKeys) -> None:
     sock.curve_serverkey = keys.server_public
     sock.curve_publickey = keys.public
     sock.curve_secretkey = keys.secret
+
+
+class TokenFileError(ValueError):
+    """A --shutdown-token-file that cannot be used."""
+
+
+def read_shutdown_token(path: str | None) -> str | None:
+    """The shutdown token in file ``path`` (None: no file, no token)."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise TokenFileError(f"cannot read --shutdown-token-file {path!r}: {e.strerror}") from None
+    if not token:
+        raise TokenFileError(f"--shutdown-token-file {path!r} is empty")
+    return token
