@@ -215,11 +215,8 @@ class SocketPump:
             self._attach(sock)
         except BaseException as e:  # re-raised by start() in the caller's thread
             self._error = e
-            if monitor is not None:
-                sock.disable_monitor()
-                monitor.close(linger=0)
             if sock is not None:
-                sock.close(linger=0)
+                _close(sock, monitor, linger=0)
             self._ready.set()
             return
         self._ready.set()
@@ -253,13 +250,7 @@ class SocketPump:
             self.failure = e
             log.exception("IO thread failed; its socket closes")
         finally:
-            if monitor is not None:
-                try:
-                    sock.disable_monitor()
-                except zmq.ZMQError:
-                    pass
-                monitor.close(linger=0)
-            sock.close(linger=0 if self.failure is not None else 1000)
+            _close(sock, monitor, linger=0 if self.failure is not None else 1000)
         if self.failure is not None and self._on_failure is not None:
             try:
                 self._on_failure(self.failure)
@@ -379,3 +370,14 @@ class RunningClock:
     @property
     def now(self) -> float:
         return self._now
+
+
+def _close(sock: zmq.Socket, monitor: zmq.Socket | None, *, linger: int) -> None:
+    """Close ``sock`` and its ``monitor`` (if it has one)."""
+    if monitor is not None:
+        try:
+            sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        monitor.close(linger=0)
+    sock.close(linger=linger)
