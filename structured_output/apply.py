@@ -11,30 +11,36 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SHIFTS = np.arange(32, dtype=np.uint32)
-
 
 def allowed_ids(words: np.ndarray, vocab_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """The allowed ids of several mask rows.
 
     ``words``: uint32 ``[m, W]``. Returns ``(row, token)`` int64 arrays, sorted by row
     then token: row ``row[i]`` allows ``token[i]``. Cost is proportional to the rows'
-    size in words plus the number of allowed ids.
+    size in words plus the number of allowed ids: one scan for the nonzero words (64
+    bits at a time where rows have an even number of words), then the bits of those
+    words alone, unpacked as bytes.
     """
-    r, w = np.nonzero(words)
-    if len(r) == 0:
-        return r.astype(np.int64), w.astype(np.int64)
-    vals = words[r, w]
-    bits = ((vals[:, None] >> _SHIFTS) & 1).astype(bool)
-    tokens = (w.astype(np.int64)[:, None] * 32 + _SHIFTS.astype(np.int64))[bits]
-    rows = np.repeat(r.astype(np.int64), bits.sum(axis=1))
+    words = np.ascontiguousarray(words, dtype=np.uint32)
+    wide = words.view(np.uint64) if words.shape[1] % 2 == 0 else words
+    flat = wide.reshape(-1)
+    at = np.flatnonzero(flat)
+    per_word = wide.dtype.itemsize * 8
+    # little-endian bit order: bit j of a word is token 32 * word + j
+    bits = np.unpackbits(flat[at].view(np.uint8), bitorder="little").view(bool)
+    j = np.flatnonzero(bits)
+    where = at[j // per_word]
+    rows, col = np.divmod(where, wide.shape[1])
+    tokens = col * per_word + j % per_word
     keep = tokens < vocab_rows
     return rows[keep], tokens[keep]
 
 
 def allowed_counts(words: np.ndarray) -> np.ndarray:
     """Per row of uint32 ``[m, W]`` mask words, the number of allowed ids."""
-    return np.bitwise_count(words).sum(axis=1, dtype=np.int64)
+    words = np.ascontiguousarray(words, dtype=np.uint32)
+    wide = words.view(np.uint64) if words.shape[1] % 2 == 0 else words
+    return np.bitwise_count(wide).sum(axis=1, dtype=np.int64)
 
 
 def apply_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, rows: np.ndarray) -> None:
