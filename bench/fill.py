@@ -88,7 +88,12 @@ def check(
         raise AssertionError(f"fill: the engine's filler and its per-row loop differ ({where})")
     table = states.guard(vocab.name)
     peer = methods["baseline"]()().numpy().view(np.uint32)
-    guarded = np.stack([peer[i] & table.allowed(r.matcher.guard_state) for i, r in enumerate(rows)])
+    guarded = np.stack(
+        [
+            peer[i] & table.allowed(r.matcher.guard_state, r.matcher.guard_lenient)
+            for i, r in enumerate(rows)
+        ]
+    )
     ordinary = _ordinary_words(vocab)
     ours = engine[:b].numpy().view(np.uint32)
     if not np.array_equal(ours & ordinary, guarded & ordinary):

@@ -67,10 +67,13 @@ class SharedFill:
             self._jobs.append(jobs)
 
     def fill(self, matchers: list[Any], buf: torch.Tensor, rows: list[int]) -> None:
+        if self.helpers and not self._jobs:
+            self._start()  # the first fill starts the helpers
         n = len(rows)
-        job = _Job(
-            matchers, buf, rows, [(a, min(a + self.chunk, n)) for a in range(0, n, self.chunk)]
-        )
+        # chunks of at most ``chunk`` rows, and at least two per thread where the rows
+        # allow it, so that a late thread leaves work to the others to take
+        size = max(1, min(self.chunk, -(-n // (2 * (self.helpers + 1)))))
+        job = _Job(matchers, buf, rows, [(a, min(a + size, n)) for a in range(0, n, size)])
         for jobs in self._jobs:
             jobs.put(job)
         job.work(self._own)
@@ -139,7 +142,7 @@ class BitmaskFiller:
         *,
         pin_memory: bool = False,
         num_buffers: int = 1,
-        batch_threshold: int = 64,
+        batch_threshold: int = 32,
         max_threads: int = 2,
         guard: GuardTable | None = None,
     ) -> None:

@@ -52,7 +52,7 @@ class StructuredOutputConfig:
         "with no workers)",
     )
     fill_batch_threshold: int = _opt(
-        64,
+        32,
         "masks of this many rows or more are filled by one batched call on threads; "
         "fewer, by a loop",
     )

@@ -81,9 +81,10 @@ from .lexing import (
     step,
 )
 from .utf8 import AFTER_ED, DONE, ERROR, NUM_PENDING
+from .whitespace import refuses_control
 
 #: up to this many rows, `GuardTable.apply` goes row by row
-_FEW = 8
+_FEW = 16
 #: states whose masks are built at once (bounds the build's memory for long runs)
 _BLOCK = 64
 _NO_RUN = np.zeros(1, dtype=np.int64)
@@ -176,12 +177,16 @@ class GuardTable:
 
     # ----- masks -------------------------------------------------------------------
 
-    def _rows(self, lex: dict[str, Any]) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    def _rows(
+        self, lex: dict[str, Any]
+    ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
         """The allowed tokens of every reachable state, in the order of the states, a
-        block at a time: ``(lex, pending, runs, ok)``, ``ok[i]`` the tokens allowed with
-        that lexical and pending state and a whitespace run of ``runs[i]`` (bool
-        ``[len(runs), vocab_rows]``). A run is counted outside strings, after whole
-        text, and an escape is ASCII: other states are unreachable."""
+        block at a time: ``(lex, pending, runs, ok, ctrl)``, ``ok[i]`` the tokens
+        allowed with that lexical and pending state and a whitespace run of ``runs[i]``
+        (bool ``[len(runs), vocab_rows]``), ``ctrl`` the tokens refused there for a raw
+        control character in a string (which some grammars refuse by themselves). A run
+        is counted outside strings, after whole text, and an escape is ASCII: other
+        states are unreachable."""
         limit = self.limit
         first = lex["first"]
         starts_hi = (first >= 0xA0) & (first <= 0xBF)
@@ -191,6 +196,7 @@ class GuardTable:
                 if u != DONE and s in ESCAPING:
                     continue
                 ok = ~lex["invalid"][s]
+                ctrl = lex["ctrl"][s]
                 if s == RAW:
                     ok &= lex["pending"][u] != ERROR
                 else:  # the grammar of JSON text refuses all but a surrogate by itself
@@ -198,108 +204,133 @@ class GuardTable:
                     if u == AFTER_ED:
                         ok &= ~starts_hi
                 if limit is None or s == RAW:
-                    yield s, u, _NO_RUN, ok[None, :]
+                    yield s, u, _NO_RUN, ok[None, :], ctrl
                     continue
                 ok &= lex["inner"][s] <= limit
                 if s != OUT:
-                    yield s, u, _NO_RUN, ok[None, :]
+                    yield s, u, _NO_RUN, ok[None, :], ctrl
                     continue
                 lead = lex["lead"][OUT]
                 for r0 in range(0, self.k if u == DONE else 1, _BLOCK):
                     runs = np.arange(r0, min(self.k if u == DONE else 1, r0 + _BLOCK))
-                    yield s, u, runs, ok[None, :] & (lead[None, :] <= (limit - runs)[:, None])
+                    ok_runs = ok[None, :] & (lead[None, :] <= (limit - runs)[:, None])
+                    yield s, u, runs, ok_runs, ctrl
 
     def _build_masks(self, lex: dict[str, Any]) -> None:
         limit = self.limit
         #: every byte is a token: a banned token's first byte is then always allowed
         #: unless the run is at the limit, so only such rows can end up empty
         complete = lex["single_bytes"] == 256
-        num_states = NUM_STATES * NUM_PENDING * self.k
-        self.needs = np.zeros(num_states, dtype=bool)
-        self.dense = np.zeros(num_states, dtype=bool)
+        n = NUM_STATES * NUM_PENDING * self.k
+        # Masks are kept per key: ``q`` for state ``q`` of a grammar that may write raw
+        # control characters in strings, ``q + n`` for the same state of one whose
+        # strings refuse them by themselves (`refuses_control`): without those bans,
+        # most states inside strings need no mask, and the one outside them bans a
+        # quarter of the words.
+        needs = np.zeros(2 * n, dtype=bool)
+        dense = np.zeros(2 * n, dtype=bool)
         full: list[np.ndarray] = []
-        full_index = np.full(num_states, -1, dtype=np.int64)
+        full_index = np.full(2 * n, -1, dtype=np.int64)
         sparse_words: list[np.ndarray] = []
         sparse_vals: list[np.ndarray] = []
-        offsets = np.zeros(num_states, dtype=np.int64)
-        lengths = np.zeros(num_states, dtype=np.int64)
+        offsets = np.zeros(2 * n, dtype=np.int64)
+        lengths = np.zeros(2 * n, dtype=np.int64)
         seen: dict[bytes, int] = {}
+        seen_sparse: dict[bytes, tuple[int, int]] = {}
         at = 0
-        for s, u, runs, ok in self._rows(lex):
-            packed = _pack(ok, self.words)
-            changed_words = packed != np.uint32(0xFFFFFFFF)
-            num_changed = np.count_nonzero(changed_words, axis=1).tolist()
-            for i, run in enumerate(runs.tolist()):
-                if not num_changed[i]:
-                    continue  # allows everything
-                q = self.state(s, run, u)
-                words = packed[i]
-                self.needs[q] = True
-                # A row can end up allowing nothing only where a single byte may be
-                # banned: a grammar that allows a token allows its first byte, a token
-                # of its own (``complete``), which is banned only at the whitespace
-                # limit or where a surrogate escape must go on one way (such rows are
-                # rare: whole-row masks)
-                empty_possible = (
-                    not complete
-                    or (s == OUT and limit is not None and run >= limit)
-                    or s in NARROW
-                    or (s == RAW and u != DONE)
-                )
-                if empty_possible or num_changed[i] > self.words // 4:
-                    self.dense[q] = True
-                    key = words.tobytes()
-                    if key not in seen:
-                        seen[key] = len(full)
-                        full.append(words)
-                    full_index[q] = seen[key]
-                else:
-                    changed = np.flatnonzero(changed_words[i])
-                    sparse_words.append(changed)
-                    sparse_vals.append(words[changed])
-                    offsets[q], lengths[q] = at, num_changed[i]
-                    at += num_changed[i]
+        all_ones = np.uint32(0xFFFFFFFF)
+        for s, u, runs, ok, ctrl in self._rows(lex):
+            strict = _pack(ok, self.words)
+            lenient = _pack(ok | ctrl[None, :], self.words) if ctrl.any() else strict
+            for variant, packed in enumerate((strict, lenient)):
+                changed_words = packed != all_ones
+                num_changed = np.count_nonzero(changed_words, axis=1).tolist()
+                for i, run in enumerate(runs.tolist()):
+                    if not num_changed[i]:
+                        continue  # allows everything
+                    key = self.state(s, run, u) + variant * n
+                    words = packed[i]
+                    needs[key] = True
+                    # A row can end up allowing nothing only where a single byte may
+                    # be banned: a grammar that allows a token allows its first byte, a
+                    # token of its own (``complete``), which is banned only at the
+                    # whitespace limit or where a surrogate escape must go on one way
+                    # (such rows are rare: whole-row masks)
+                    empty_possible = (
+                        not complete
+                        or (s == OUT and limit is not None and run >= limit)
+                        or s in NARROW
+                        or (s == RAW and u != DONE)
+                    )
+                    raw = words.tobytes()
+                    if empty_possible or num_changed[i] > self.words // 4:
+                        dense[key] = True
+                        if raw not in seen:
+                            seen[raw] = len(full)
+                            full.append(words)
+                        full_index[key] = seen[raw]
+                    else:
+                        if raw not in seen_sparse:
+                            changed = np.flatnonzero(changed_words[i])
+                            sparse_words.append(changed)
+                            sparse_vals.append(words[changed])
+                            seen_sparse[raw] = (at, num_changed[i])
+                            at += num_changed[i]
+                        offsets[key], lengths[key] = seen_sparse[raw]
+        #: per state, whether it needs a mask (then ``needs_lenient``: where the
+        #: grammar refuses raw control characters in strings by itself)
+        self.needs, self.needs_lenient = needs[:n], needs[n:]
+        self.dense = dense[:n]
+        self._num_states = n
         self._full = np.stack(full) if full else np.zeros((0, self.words), np.uint32)
         self._full_index = full_index
         self._words = np.concatenate(sparse_words) if sparse_words else np.zeros(0, np.int64)
         self._vals = np.concatenate(sparse_vals) if sparse_vals else np.zeros(0, np.uint32)
         self._offsets, self._lengths = offsets, lengths
-        self._pad(num_states)
-        self._needs_from_minus_one = np.concatenate(([False], self.needs))  # -1: no guard
-        self._needs_list = self.needs.tolist()
-        self._dense_list = self.dense.tolist()
+        self._dense_keys = dense
+        self._pad()
+        self._needs_from_minus_one = np.concatenate(([False], needs))  # -1: no guard
+        self._needs_list = needs.tolist()
+        self._dense_list = dense.tolist()
         self._offsets_list, self._lengths_list = offsets.tolist(), lengths.tolist()
 
-    def _pad(self, num_states: int) -> None:
-        """The sparse masks again, one row per state, padded to the longest: a pad is a
-        word the state leaves alone (the least one), ANDed with all ones (a no-op), so
-        that a batch is one gather."""
+    def _pad(self) -> None:
+        """The sparse masks again, one row per key that has one (``_pad_row``; row 0
+        is none), padded to the longest: a pad is a word the mask leaves alone (the
+        least one), ANDed with all ones (a no-op), so that a batch is one gather."""
         lengths, offsets = self._lengths, self._offsets
         longest = max(int(lengths.max()), 1)
-        self._pad_words = np.zeros((num_states, longest), dtype=np.int64)
-        self._pad_vals = np.full((num_states, longest), 0xFFFFFFFF, dtype=np.uint32)
         sparse = np.flatnonzero(lengths)
+        self._pad_row = np.zeros(len(lengths), dtype=np.int64)
+        self._pad_row[sparse] = np.arange(1, len(sparse) + 1)
+        self._pad_words = np.zeros((len(sparse) + 1, longest), dtype=np.int64)
+        self._pad_vals = np.full((len(sparse) + 1, longest), 0xFFFFFFFF, dtype=np.uint32)
         if not len(sparse):
             return
         counts = lengths[sparse]
-        row = np.repeat(sparse, counts)  # the sparse words run state after state
-        col = np.arange(len(self._words)) - np.repeat(offsets[sparse], counts)
-        # a state's words ascend: the least word it leaves alone is the number of its
+        row = np.repeat(np.arange(1, len(sparse) + 1), counts)  # key after key
+        spans = zip(offsets[sparse], counts, strict=True)
+        idx = np.concatenate([np.arange(o, o + c) for o, c in spans])
+        words = self._words[idx]
+        col = np.arange(len(idx)) - np.repeat(np.cumsum(counts) - counts, counts)
+        # a mask's words ascend: the least word it leaves alone is the number of its
         # first ones that equal their place (0, 1, 2, ...)
-        in_place = np.zeros(num_states, dtype=np.int64)
-        np.add.at(in_place, row, self._words == col)
-        self._pad_words[sparse] = in_place[sparse, None]
-        self._pad_words[row, col] = self._words
-        self._pad_vals[row, col] = self._vals
+        in_place = np.zeros(len(sparse) + 1, dtype=np.int64)
+        np.add.at(in_place, row, words == col)
+        self._pad_words[1:] = in_place[1:, None]
+        self._pad_words[row, col] = words
+        self._pad_vals[row, col] = self._vals[idx]
 
-    def allowed(self, q: int) -> np.ndarray:
-        """The mask of state ``q`` as uint32 words (tests and single rows)."""
-        if not self.needs[q]:
+    def allowed(self, q: int, lenient: bool = False) -> np.ndarray:
+        """The mask of state ``q`` as uint32 words (tests and single rows); ``lenient``:
+        for a grammar that refuses raw control characters in strings by itself."""
+        key = q + self._num_states if lenient else q
+        if not self._needs_list[key]:
             return np.full(self.words, 0xFFFFFFFF, dtype=np.uint32)
-        if self.dense[q]:
-            return self._full[self._full_index[q]].copy()
+        if self._dense_list[key]:
+            return self._full[self._full_index[key]].copy()
         words = np.full(self.words, 0xFFFFFFFF, dtype=np.uint32)
-        o, k = self._offsets[q], self._lengths[q]
+        o, k = self._offsets[key], self._lengths[key]
         words[self._words[o : o + k]] = self._vals[o : o + k]
         return words
 
@@ -316,23 +347,28 @@ class GuardTable:
             changed = [
                 r
                 for r, m in zip(rows, matchers, strict=True)
-                if self.apply_one(view, r, getattr(m, "guard_state", -1))
+                if self.apply_one(
+                    view, r, getattr(m, "guard_state", -1), getattr(m, "guard_lenient", False)
+                )
             ]
             return np.asarray(changed, dtype=np.int64)
         try:
             states = np.array([m.guard_state for m in matchers], dtype=np.int64)
+            lenient = np.array([m.guard_lenient for m in matchers], dtype=bool)
         except AttributeError:  # some matchers are not guarded
-            states = np.fromiter(
-                (getattr(m, "guard_state", -1) for m in matchers), np.int64, len(matchers)
-            )
-        return self._apply_many(view, np.asarray(rows, dtype=np.int64), states)
+            n = len(matchers)
+            states = np.fromiter((getattr(m, "guard_state", -1) for m in matchers), np.int64, n)
+            lenient = np.fromiter((getattr(m, "guard_lenient", False) for m in matchers), bool, n)
+        keys = np.where(lenient & (states >= 0), states + self._num_states, states)
+        return self._apply_many(view, np.asarray(rows, dtype=np.int64), keys)
 
-    def _apply_many(self, view: np.ndarray, rows: np.ndarray, states: np.ndarray) -> np.ndarray:
-        hit = np.flatnonzero(self._needs_from_minus_one[states + 1])
+    def _apply_many(self, view: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """`apply` by mask key (`_build_masks`; -1: none)."""
+        hit = np.flatnonzero(self._needs_from_minus_one[keys + 1])
         if len(hit) == 0:
             return rows[:0]
-        rows, q = rows[hit], states[hit]
-        dense = self.dense[q]
+        rows, q = rows[hit], keys[hit]
+        dense = self._dense_keys[q]
         n_dense = int(np.count_nonzero(dense))
         if n_dense:
             r = rows[dense]
@@ -349,8 +385,9 @@ class GuardTable:
             longest, total = int(counts.max()), int(counts.sum())
             flat = view.reshape(-1)
             if longest * len(q) <= 2 * total:  # alike: one padded gather
-                at = self._pad_words[q, :longest] + (r * view.shape[1])[:, None]
-                flat[at] &= self._pad_vals[q, :longest]
+                pad = self._pad_row[q]
+                at = self._pad_words[pad, :longest] + (r * view.shape[1])[:, None]
+                flat[at] &= self._pad_vals[pad, :longest]
             else:  # a few long ones: each row's words, end to end
                 ends = np.cumsum(counts)
                 idx = np.repeat(self._offsets[q] - ends + counts, counts) + np.arange(total)
@@ -358,9 +395,15 @@ class GuardTable:
                 flat[at] &= self._vals[idx]
         return rows
 
-    def apply_one(self, view: np.ndarray, row: int, q: int) -> bool:
-        """`apply` for one row in state ``q`` (-1: none); whether it changed it."""
-        if q < 0 or not self._needs_list[q]:
+    def apply_one(self, view: np.ndarray, row: int, q: int, lenient: bool = False) -> bool:
+        """`apply` for one row in state ``q`` (-1: none) of a matcher whose grammar
+        refuses raw control characters in strings (``lenient``) or not; whether it
+        changed the row."""
+        if q < 0:
+            return False
+        if lenient:
+            q += self._num_states
+        if not self._needs_list[q]:
             return False
         if self._dense_list[q]:
             sub = view[row] & self._full[self._full_index[q]]
@@ -381,6 +424,9 @@ class GuardedGrammar(xgr.CompiledGrammar):
     (`jump_forward.named_token_ids`)."""
 
     json_text: bool
+    #: JSON text whose strings refuse raw control characters by themselves
+    #: (`refuses_control`): the guard need not mask them
+    refuses_control: bool
     #: the ids of its token-level elements; None: any token may be one
     token_ids: tuple[int, ...] | None
 
@@ -391,6 +437,7 @@ class GuardedGrammar(xgr.CompiledGrammar):
         g = cls._create_from_handle(grammar._handle)
         assert isinstance(g, GuardedGrammar)
         g.json_text = json_text
+        g.refuses_control = json_text and refuses_control(str(grammar.grammar))
         g.token_ids = named_token_ids(grammar)
         return g
 
@@ -419,6 +466,8 @@ class GuardedMatcher(xgr.GrammarMatcher):
         self._start = guard.start_json if json_text else guard.start_raw
         #: see `GuardTable`
         self.guard_state = self._start
+        #: its JSON strings refuse raw control characters by themselves
+        self.guard_lenient = json_text and bool(getattr(compiled_grammar, "refuses_control", 0))
         self._history: list[int] = []
 
     def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
@@ -458,7 +507,8 @@ class GuardedMatcher(xgr.GrammarMatcher):
         )
         if view.ndim == 1:
             view = view.reshape(1, -1)
-        return self.guard.apply_one(view, index, self.guard_state) or restricts
+        applied = self.guard.apply_one(view, index, self.guard_state, self.guard_lenient)
+        return applied or restricts
 
 
 # ----- building the tables -------------------------------------------------------------

@@ -9,8 +9,10 @@ then ``PH1`` after its backslash, ``PH2`` after ``u``, ``PH3`` after ``d``), and
 text that is not lexed (``RAW``). A byte that would write an escape of a lone
 surrogate (``\\udc00`` alone, ``\\ud83d`` followed by anything but ``\\udc00``-
 ``\\udfff``) leads to ``INVALID``: strict JSON parsers refuse those strings, and no
-UTF-8 encoder can write them out. So does a raw control character (U+0000 to U+001F)
-inside a string, which xgrammar's length-bounded strings let through.
+UTF-8 encoder can write them out. A raw control character (U+0000 to U+001F) inside a
+string, which xgrammar's length-bounded strings let through, leads to ``CTRL``: refused
+as well, but a grammar whose strings refuse it by themselves needs no mask for it
+(`guard.refuses_control`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ OUT, STR, ESC, RAW, U0, UD1, UH2, UH3, PH, PH1, PH2, PH3 = range(12)
 NUM_STATES = 12
 #: the sink of bytes that would write a lone surrogate escape (not a state of the text)
 INVALID = NUM_STATES
+#: the sink of a raw control character inside a string (``>= INVALID``: refused too)
+CTRL = NUM_STATES + 1
 #: the states inside a string where the text is mid-escape
 ESCAPING = (ESC, U0, UD1, UH2, UH3, PH, PH1, PH2, PH3)
 #: the escape states where some single byte is refused (a ``c`` after ``\\ud``)
@@ -35,16 +39,16 @@ LEAD_ED = 0xED
 
 def _table() -> np.ndarray:
     """``T[state, byte]``: the next state (``INVALID`` a sink)."""
-    t = np.full((NUM_STATES + 1, 256), INVALID, dtype=np.int8)
+    t = np.full((CTRL + 1, 256), INVALID, dtype=np.int8)
     hexes = b"0123456789abcdefABCDEF"
     t[OUT, :] = OUT
     t[OUT, ord('"')] = STR
     t[STR, :] = STR
-    t[STR, :0x20] = INVALID  # a raw control character: strict JSON parsers refuse it
+    t[STR, :0x20] = CTRL  # a raw control character: strict JSON parsers refuse it
     t[STR, ord('"')] = OUT
     t[STR, ord("\\")] = ESC
     t[ESC, :] = STR
-    t[ESC, :0x20] = INVALID
+    t[ESC, :0x20] = CTRL
     t[ESC, ord("u")] = U0
     t[RAW, :] = RAW
     t[U0, :] = t[STR, :]  # not a digit: the escape is malformed (the grammar refuses it)
@@ -75,7 +79,9 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
     (``next``, int8), the whitespace run outside strings at the token's start
     (``lead``; the whole length for ``pure`` tokens, which are such whitespace only),
     the longest other such run (``inner``, the trailing one included), the run it ends
-    with (``trail``), whether it writes a lone surrogate escape (``invalid``); per
+    with (``trail``), whether it is refused (``invalid``: it writes a lone surrogate
+    escape or a raw control character in a string) and whether for the latter alone
+    (``ctrl``); per
     UTF-8 pending state and token, the pending state it ends in (``pending``:
     `utf8.token_states`); and per token ``len``, ``first`` (its first byte),
     ``surrogate`` (it holds an encoded surrogate, ``ED A0..BF``) and the number of
@@ -118,6 +124,7 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
         "trail": np.zeros(shape, np.int32),
         "pure": np.zeros(shape, bool),
         "invalid": np.zeros(shape, bool),
+        "ctrl": np.zeros(shape, bool),
     }
     runs = _runs(flat, owner, starts[nonempty], ends[nonempty], lengths)
     for key, value in zip(("lead", "inner", "trail", "pure"), runs, strict=True):
@@ -128,7 +135,7 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
     plain = np.flatnonzero(nonempty & ~quoting)
     escaping = np.array(ESCAPING)
     after = TABLE[escaping[:, None], first[plain][None, :]]
-    bad = after == INVALID
+    bad = after >= INVALID  # plain tokens hold no control byte: never CTRL
     block = np.ix_(escaping, plain)
     out["next"][block] = np.where(bad, STR, after)
     out["invalid"][block] = bad
@@ -209,13 +216,14 @@ def _walk(
             run[leave] = 0
             only_ws[leave] = False
         st = TABLE[st, byte]  # whitespace leaves OUT as it is
-        bad = st == INVALID
+        bad = st >= INVALID
         done = bad | (lengths[tok] <= pos) | ((st == STR) & ~quoting[tok])
         if not done.any():
             continue
         s, t, ended, b = start[idx[done]], tok[done], st[done], bad[done]
         out["next"][s, t] = np.where(b, STR, ended)
         out["invalid"][s, t] = b
+        out["ctrl"][s, t] = ended == CTRL
         o, r = only_ws[done] & ~b, np.where(b, 0, run[done])
         out["lead"][s, t] = np.where(o, r, np.where(b, 0, lead[done]))
         out["inner"][s, t] = np.where(o | b, 0, np.maximum(inner[done], r))

@@ -14,6 +14,7 @@ as raw text, and its JSON values carry the bound in their grammar
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 #: structural-tag formats whose text is a JSON value, a literal, or built of others
@@ -92,5 +93,94 @@ def _neutral_regex(pattern: str) -> bool:
         return False
     for lo, hi in _RANGE.findall(pattern):
         if any(ord(lo) <= c <= ord(hi) for c in _NOT_NEUTRAL):
+            return False
+    return True
+
+
+# ----- raw control characters in a compiled JSON grammar's strings ------------------
+
+_ESCAPES = {"0": 0, "a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, "e": 27}
+_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
+_CONTROL = 0x1F
+_WHITESPACE = frozenset((0x09, 0x0A, 0x0D))
+
+
+def _class_ranges(body: str) -> list[tuple[int, int]]:
+    """The code point ranges of a class body of xgrammar's EBNF (``^`` left off)."""
+    points: list[int] = []
+    dash: list[bool] = []  # whether a range dash precedes the point
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body):
+            e = body[i + 1]
+            if e in _HEX_DIGITS:
+                k = _HEX_DIGITS[e]
+                cp, i = int(body[i + 2 : i + 2 + k], 16), i + 2 + k
+            else:
+                cp, i = _ESCAPES.get(e, ord(e)), i + 2
+        elif c == "-" and points and i + 1 < len(body) and not dash[-1]:
+            dash.append(True)  # marks the next point as a range's end
+            points.append(-1)
+            i += 1
+            continue
+        else:
+            cp, i = ord(c), i + 1
+        points.append(cp)
+        dash.append(False)
+    ranges: list[tuple[int, int]] = []
+    k = 0
+    while k < len(points):
+        if k + 2 < len(points) and points[k + 1] == -1:
+            ranges.append((points[k], points[k + 2]))
+            k += 3
+        else:
+            ranges.append((points[k], points[k]))
+            k += 1
+    return ranges
+
+
+def _classes(ebnf: str) -> Iterator[str]:
+    """The character classes of an EBNF text (``[...]``, ``[^...]``), quoted literals
+    skipped."""
+    i, n = 0, len(ebnf)
+    while i < n:
+        c = ebnf[i]
+        if c in '"[':
+            close = '"' if c == '"' else "]"
+            j = i + 1
+            while j < n and ebnf[j] != close:
+                j += 2 if ebnf[j] == "\\" else 1
+            if c == "[":
+                yield ebnf[i + 1 : j]
+            i = j + 1
+        else:
+            i += 1
+
+
+def refuses_control(ebnf: str) -> bool:
+    """Whether a JSON grammar, as xgrammar prints it, writes no raw control character
+    inside its strings by itself, so that the guard need not mask them.
+
+    xgrammar's JSON strings are a character class that leaves out ``\\0-\\x1f``;
+    its length-bounded ones (``maxLength``, ``minLength``) and its regexes (``pattern``,
+    ``patternProperties``) do not. So: no regex, every negated class leaves the range
+    out, and no other class names a control character but whitespace (``[ \\n\\r\\t]``
+    between values, where it is not in a string). Conservative: what it cannot tell
+    is masked."""
+    if "Regex(" in ebnf:
+        return False
+    for body in _classes(ebnf):
+        if body.startswith("^"):  # must leave out every control character
+            left_out = [False] * (_CONTROL + 1)
+            for lo, hi in _class_ranges(body[1:]):
+                for cp in range(lo, min(hi, _CONTROL) + 1):
+                    left_out[cp] = True
+            if not all(left_out):
+                return False
+        elif any(
+            lo <= _CONTROL and not (lo == hi and lo in _WHITESPACE)
+            for lo, hi in _class_ranges(body)
+        ):
             return False
     return True

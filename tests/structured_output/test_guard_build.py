@@ -22,7 +22,7 @@ import pytest
 
 from structured_output import lexing, utf8
 from structured_output.guard import GuardTable
-from structured_output.lexing import ESCAPING, INVALID, NARROW, NUM_STATES, OUT, RAW, STR
+from structured_output.lexing import CTRL, ESCAPING, INVALID, NARROW, NUM_STATES, OUT, RAW, STR
 from structured_output.utf8 import AFTER_ED, DONE, ERROR, NUM_PENDING
 from tokenization import BUNDLED, load_tokenizer
 
@@ -35,9 +35,10 @@ SURROGATE = re.compile(b"\xed[\xa0-\xbf]")
 NEXT = [[lexing.step(s, b) for b in range(256)] for s in range(NUM_STATES)]
 
 
-def lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool, bool]:
-    """``(next, lead, inner, trail, pure, invalid)`` of token ``b`` from lexical
-    state ``s``: a lone surrogate escape ends in ``STR``, invalid, with no runs."""
+def lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool, bool, bool]:
+    """``(next, lead, inner, trail, pure, invalid, ctrl)`` of token ``b`` from lexical
+    state ``s``: a lone surrogate escape or a raw control character in a string ends in
+    ``STR``, invalid (``ctrl`` for the latter), with no runs."""
     run = lead = inner = 0
     only_ws = s == OUT
     for byte in b:
@@ -52,11 +53,11 @@ def lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool, bool]:
             run = 0
         only_ws = False
         s = NEXT[s][byte]
-        if s == INVALID:
-            return STR, 0, 0, 0, False, True
+        if s >= INVALID:
+            return STR, 0, 0, 0, False, True, s == CTRL
     if only_ws:
-        return s, run, 0, run, run > 0, False
-    return s, lead, max(inner, run), run if s == OUT else 0, False, False
+        return s, run, 0, run, run > 0, False, False
+    return s, lead, max(inner, run), run if s == OUT else 0, False, False, False
 
 
 def _spelling() -> bytes:
@@ -80,17 +81,17 @@ def reference_facts(tb: list[bytes]) -> dict[str, Any]:
     spelled = _spelling()
     kinds: dict[bytes, int] = {}
     kind = np.array([kinds.setdefault(b.translate(spelled), len(kinds)) for b in tb], np.int64)
-    raw = (RAW, 0, 0, 0, False, False)  # raw text is not lexed
-    lexed = np.array(  # [kinds, states, 6]
+    raw = (RAW, 0, 0, 0, False, False, False)  # raw text is not lexed
+    lexed = np.array(  # [kinds, states, 7]
         [[raw if s == RAW else lex_one(key, s) for s in range(NUM_STATES)] for key in kinds],
         np.int64,
-    ).reshape(len(kinds), NUM_STATES, 6)
+    ).reshape(len(kinds), NUM_STATES, 7)
     pending = np.array([[utf8.run_bytes(u, key) for u in range(NUM_PENDING)] for key in kinds])
     facts: dict[str, Any] = {}
-    for i, name in enumerate(("next", "lead", "inner", "trail", "pure", "invalid")):
+    for i, name in enumerate(("next", "lead", "inner", "trail", "pure", "invalid", "ctrl")):
         facts[name] = lexed[kind, :, i].T
-    facts["pure"] = facts["pure"].astype(bool)
-    facts["invalid"] = facts["invalid"].astype(bool)
+    for name in ("pure", "invalid", "ctrl"):
+        facts[name] = facts[name].astype(bool)
     facts["pending"] = pending.reshape(len(kinds), NUM_PENDING)[kind].T
     facts["len"] = np.array([len(b) for b in tb])
     facts["first"] = np.array([b[0] if b else 0 for b in tb])
@@ -125,14 +126,15 @@ def check_against_reference(table: GuardTable, facts: dict[str, Any]) -> None:
             if s == OUT and u == DONE:
                 want = np.where(facts["pure"][OUT], -facts["len"], want)
             np.testing.assert_array_equal(got, want, err_msg=f"codes of lex {s}, pending {u}")
-    # masks: one state at a time
+    # masks: one state at a time, for a grammar that may write raw control characters
+    # in strings and for one that refuses them by itself (``lenient``)
     starts_hi = (facts["first"] >= 0xA0) & (facts["first"] <= 0xBF)
     complete = facts["single_bytes"] == 256
-    dense_rows: list[bytes] = []
-    for q in range(NUM_STATES * NUM_PENDING * k):
+    n = NUM_STATES * NUM_PENDING * k
+    for q in range(n):
         s, run, u = table.decode(q)
         if (run > 0 and (s != OUT or u != DONE)) or (u != DONE and s in ESCAPING):
-            assert not table.needs[q], q  # unreachable
+            assert not table.needs[q] and not table.needs_lenient[q], q  # unreachable
             continue
         ok = ~facts["invalid"][s]
         if s == RAW:
@@ -146,37 +148,40 @@ def check_against_reference(table: GuardTable, facts: dict[str, Any]) -> None:
             if s == OUT:
                 ok &= facts["lead"][OUT] <= limit - run
         ok = np.concatenate((ok, np.ones(table.vocab_rows - len(ok), bool)))
-        assert bool(table.needs[q]) == (not ok.all()), (q, s, run, u)
-        if not table.needs[q]:
-            assert not table.dense[q] and table._lengths[q] == 0
-            continue
-        want = _pack(ok, words)
-        np.testing.assert_array_equal(table.allowed(q), want, err_msg=f"mask of {q}")
-        changed = np.flatnonzero(want != 0xFFFFFFFF)
-        empty_possible = (
-            not complete
-            or (s == OUT and limit is not None and run >= limit)
-            or s in NARROW
-            or (s == RAW and u != DONE)
-        )
-        dense = empty_possible or len(changed) > words // 4
-        assert bool(table.dense[q]) == dense, q
-        if dense:
-            key = want.tobytes()
-            if key not in dense_rows:
-                dense_rows.append(key)
-            assert table._full_index[q] == dense_rows.index(key)  # shared, first-seen order
-            continue
-        # a sparse state: its words ascending, and its padded row does the same
-        o, n = table._offsets[q], table._lengths[q]
-        np.testing.assert_array_equal(table._words[o : o + n], changed)
-        np.testing.assert_array_equal(table._vals[o : o + n], want[changed])
-        padded = np.full(words, 0xFFFFFFFF, np.uint32)
-        np.bitwise_and.at(padded, table._pad_words[q], table._pad_vals[q])
-        np.testing.assert_array_equal(padded, want)
-        spare = table._pad_words[q, n:]
-        assert (spare == min(set(range(n + 1)) - set(changed.tolist()))).all()
-    assert len(table._full) == len(dense_rows)
+        ctrl = np.concatenate((facts["ctrl"][s], np.zeros(table.vocab_rows - len(ok), bool)))
+        for lenient, allowed in ((False, ok), (True, ok | ctrl)):
+            key = q + n * lenient
+            needs = table.needs_lenient[q] if lenient else table.needs[q]
+            assert bool(needs) == (not allowed.all()), (q, s, run, u, lenient)
+            if not needs:
+                assert not table._dense_keys[key] and table._lengths[key] == 0
+                continue
+            want = _pack(allowed, words)
+            np.testing.assert_array_equal(table.allowed(q, lenient), want, err_msg=f"mask {key}")
+            changed = np.flatnonzero(want != 0xFFFFFFFF)
+            empty_possible = (
+                not complete
+                or (s == OUT and limit is not None and run >= limit)
+                or s in NARROW
+                or (s == RAW and u != DONE)
+            )
+            dense = empty_possible or len(changed) > words // 4
+            assert bool(table._dense_keys[key]) == dense, key
+            if dense:
+                np.testing.assert_array_equal(table._full[table._full_index[key]], want)
+                continue
+            # a sparse mask: its words ascending, and its padded row does the same
+            o, m = table._offsets[key], table._lengths[key]
+            np.testing.assert_array_equal(table._words[o : o + m], changed)
+            np.testing.assert_array_equal(table._vals[o : o + m], want[changed])
+            padded = np.full(words, 0xFFFFFFFF, np.uint32)
+            pad = table._pad_row[key]
+            np.bitwise_and.at(padded, table._pad_words[pad], table._pad_vals[pad])
+            np.testing.assert_array_equal(padded, want)
+            spare = table._pad_words[pad, m:]
+            assert (spare == min(set(range(m + 1)) - set(changed.tolist()))).all()
+    # whole-row masks are kept once each
+    assert len({row.tobytes() for row in table._full}) == len(table._full)
 
 
 @pytest.fixture(scope="module", params=sorted(BUNDLED))
