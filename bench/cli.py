@@ -246,6 +246,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--calls", type=int, default=8, help="calls per case, at most 8 (default 8)")
     p.add_argument("--max-tokens", type=int, default=128, help="per call (default 128)")
+    p.add_argument(
+        "--string-max-length",
+        type=int,
+        metavar="N",
+        help="give the tools' free string parameters a maxLength of N: a random-weight "
+        "model then ends its values as a trained one would, instead of at --max-tokens",
+    )
     p = sub.add_parser(
         "drafts",
         help="tokens per second and drafts kept with --draft-tokens against none, on a "
