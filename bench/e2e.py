@@ -58,6 +58,7 @@ from structured_output.config import StructuredOutputConfig
 
 from . import states
 from .common import Record, environment
+from .engine_probe import MASK_WORK
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 PHASES = ("prepare", "forward", "wait", "sample", "other")
@@ -306,6 +307,10 @@ def _run_size(args: argparse.Namespace) -> list[Record]:
                     ),
                     "exposed_fill_median_us": round(float(np.median(exposed)) * 1e6, 1),
                     "apply_median_us": round(float(np.median(apply)) * 1e6, 1),
+                    "mask_work_median_us": {
+                        name: round(float(np.median(probe[f"apply_{name}"][sel])) * 1e6, 1)
+                        for name in MASK_WORK
+                    },
                     "so_overhead": None if overhead is None else round(overhead, 4),
                     "phase_median_us": {k: round(float(np.median(v)), 1) for k, v in ph.items()},
                     "mean_rows": round(float(probe["rows"][sel].mean()), 1),

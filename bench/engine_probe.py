@@ -25,6 +25,10 @@ from engine_core import server
 from engine_core.config import add_engine_arguments, config_from_args
 from engine_core.engine import EngineCore
 
+#: the sampler's mask work (module functions of `engine_core.sampler`, and the
+#: sampler's own masking in place, timed whole: it may use a helper thread)
+MASK_FUNCTIONS = ("allowed_counts", "allowed_ids")
+MASK_WORK = (*MASK_FUNCTIONS, "mask_in_place")
 COLUMNS = (
     "t",
     "step",
@@ -34,13 +38,12 @@ COLUMNS = (
     "exposed",
     "sample",
     "apply",
+    *(f"apply_{name}" for name in MASK_WORK),
     "rows",
     "ready",
     "masked",
     "thinking",
 )
-#: the sampler's mask work (module functions of `engine_core.sampler`)
-MASK_WORK = ("allowed_counts", "allowed_ids", "apply_bitmask_inplace")
 
 
 class ProbedCore(EngineCore):
@@ -65,14 +68,21 @@ class ProbedCore(EngineCore):
 
         self.runner.forward = timed_forward
         self.sampler.sample = timed_sample
-        for name in MASK_WORK:
-            setattr(sampler_module, name, self._timed_mask_work(getattr(sampler_module, name)))
+        for name in MASK_FUNCTIONS:
+            setattr(
+                sampler_module, name, self._timed_mask_work(name, getattr(sampler_module, name))
+            )
+        self.sampler.mask_in_place = self._timed_mask_work(  # type: ignore[method-assign]
+            "mask_in_place", self.sampler.mask_in_place
+        )
 
-    def _timed_mask_work(self, fn):
+    def _timed_mask_work(self, name, fn):
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
-            self._cur["apply"] = self._cur.get("apply", 0.0) + time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            self._cur["apply"] = self._cur.get("apply", 0.0) + took
+            self._cur[f"apply_{name}"] = self._cur.get(f"apply_{name}", 0.0) + took
             return out
 
         return timed
@@ -105,6 +115,8 @@ class ProbedCore(EngineCore):
             p["exposed"].append(max(0.0, c["prepare_end"] - c["forward_end"]))
             p["sample"].append(c["sample"])
             p["apply"].append(c.get("apply", 0.0))
+            for name in MASK_WORK:
+                p[f"apply_{name}"].append(c.get(f"apply_{name}", 0.0))
             p["ready"].append(c["ready"])
             p["rows"].append(c["rows"])
             p["masked"].append(c["masked"])

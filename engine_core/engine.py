@@ -555,6 +555,8 @@ class EngineCore:
                 log.exception("the runner failed to close")
         if self.structured_output is not None:
             self.structured_output.close()
+        if getattr(self, "sampler", None) is not None:
+            self.sampler.close()
 
 
 def _grammar_ended(r: EngineRequest) -> bool:

@@ -22,6 +22,7 @@ tensors too, so that both are tested here.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +45,8 @@ from .sampling_math import (
 )
 
 _EMPTY = np.empty(0, dtype=np.int64)
+#: from this many rows masked in place on a CPU, a helper thread takes half of them
+_SPLIT_ROWS = 16
 
 
 @dataclass(slots=True)
@@ -96,6 +99,7 @@ class Sampler:
         #: ``numpy`` or ``torch``; None: numpy for CPU logits, torch elsewhere
         self.kernel = kernel
         self._scratch: TopPScratch | None = None
+        self._helper: ThreadPoolExecutor | None = None  # started by the first big mask
 
     def _numpy(self, logits: torch.Tensor) -> bool:
         if self.kernel is None:
@@ -126,7 +130,7 @@ class Sampler:
                     full[sparse_rows] = False
                 # Rows that allow most of the vocabulary mask few logits: xgrammar's
                 # CPU kernel is fast for those (its cost grows with the masked count).
-                apply_bitmask_inplace(logits, cons.mask.buffer, rows[~small])
+                self.mask_in_place(logits, cons.mask.buffer, rows[~small])
                 masked[rows[~small]] = True
             else:
                 hi = int(rows.max()) + 1
@@ -140,6 +144,26 @@ class Sampler:
         if len(cons.forced_rows):
             tokens[cons.forced_rows] = cons.forced_ids
         return tokens
+
+    def mask_in_place(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: np.ndarray) -> None:
+        """Masks ``rows`` of CPU ``logits`` in place with xgrammar's kernel, which frees
+        the GIL: many rows are split with a helper thread (the forward pass is over, so
+        the CPU is otherwise idle)."""
+        if len(rows) < _SPLIT_ROWS:
+            apply_bitmask_inplace(logits, bitmask, rows)
+            return
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="thinkgate-mask")
+        half = len(rows) // 2
+        other = self._helper.submit(apply_bitmask_inplace, logits, bitmask, rows[:half])
+        apply_bitmask_inplace(logits, bitmask, rows[half:])
+        other.result()
+
+    def close(self) -> None:
+        """Let the helper thread go (a later mask starts another)."""
+        if self._helper is not None:
+            self._helper.shutdown(wait=False)
+            self._helper = None
 
     def _ban(
         self,

@@ -362,3 +362,39 @@ def test_top_p_candidates_hold_every_id_top_p_keeps(scale, top_p):
     assert np.array_equal(x[0, ids], w.astype(np.float32))
     tied = np.flatnonzero(w[:-1] == w[1:])
     assert (ids[tied] < ids[tied + 1]).all()  # equal weights in id order
+
+
+def test_many_rows_masked_in_place_on_two_threads_equal_one_by_one():
+    """From `sampler._SPLIT_ROWS` rows a helper thread masks half of them: every row
+    ends as xgrammar's kernel leaves it alone, and greedy draws keep to the masks."""
+    import threading
+
+    from engine_core import sampler as sampler_module
+    from structured_output.apply import apply_bitmask_inplace
+
+    n = 2 * sampler_module._SPLIT_ROWS + 3
+    rng = np.random.default_rng(11)
+    allowed = {r: np.flatnonzero(rng.random(V) < 0.5) for r in range(n)}
+    mask = _mask(n, allowed)
+    logits = torch.from_numpy(rng.standard_normal((n, V)).astype(np.float32))
+    want = logits.clone()
+    for r in range(n):
+        apply_bitmask_inplace(want, mask.buffer, np.array([r]))
+    sampler = Sampler(V, max_sparse_ids=0, kernel="numpy")  # every row masked in place
+    try:
+        got = logits.clone()
+        sampler.mask_in_place(got, mask.buffer, np.arange(n))
+        assert torch.equal(got, want)
+        assert any(t.name.startswith("thinkgate-mask") for t in threading.enumerate())
+        batch = SamplingBatch(
+            temperature=np.zeros(n, np.float32),
+            top_p=np.ones(n, np.float32),
+            top_k=np.zeros(n, np.int64),
+            uniforms=rng.random(n),
+        )
+        tokens = sampler.sample(logits.clone(), batch, StepConstraints(mask=mask))
+        best = want.argmax(dim=1).numpy()
+        np.testing.assert_array_equal(tokens, best)
+        assert all(t in allowed[r] for r, t in enumerate(tokens.tolist()))
+    finally:
+        sampler.close()
