@@ -11,6 +11,7 @@ import codecs
 import itertools
 import json
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from structured_output.guide import RequestGuide
 from structured_output.structural_tags import prepare_structural_tag
 from structured_output.whitespace import bound_in_grammar, json_text
 from tests.support.grammars import hermes_tag
+from tests.support.processes import thread_cpu_ticks
 
 WS = b" \t\n\r"
 HEX_OR_U = {bytes([c]) for c in b"0123456789abcdefABCDEFu"}
@@ -327,8 +329,8 @@ def test_rollback_and_strings_keep_the_state(qwen3, compilers):
 
 
 def test_the_filler_guards_every_row_as_a_single_fill_does(qwen3, compilers):
-    """The batch path and the loop path of `BitmaskFiller` give each row what the
-    row's own guarded fill gives."""
+    """The batch path (on threads) and the loop path of `BitmaskFiller` give each row
+    what the row's own guarded fill gives."""
     lc = compilers[4]
     specs = list(TWIN_SPECS.values()) + [GrammarSpec.of("regex", "[^a]{0,40}")]
     grammars = [lc.compile(s) for s in specs]
@@ -363,6 +365,14 @@ def test_the_filler_guards_every_row_as_a_single_fill_does(qwen3, compilers):
         for r in rows:
             assert torch.equal(filled.buffer[r], expected[r]), (threshold, r)
         assert set(filled.rows.tolist()) == set(rows)
+        if threshold == 1:  # the threaded path: its helper thread took chunks
+            helpers = [t for t in threading.enumerate() if t.name.startswith("thinkgate-fill-")]
+            assert helpers, "the threaded fill started no helper thread"
+            ticks = sum(thread_cpu_ticks(t.native_id) for t in helpers)
+            for _ in range(300):  # about a tenth of a CPU-second in all
+                filler.fill(rows, guides)
+            assert sum(thread_cpu_ticks(t.native_id) for t in helpers) > ticks
+        filler.close()
 
 
 @pytest.mark.parametrize("mix", ["alike", "some long", "all"])

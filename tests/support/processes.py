@@ -125,3 +125,10 @@ def run_cli(args: list[str], *, timeout_s: float = 120.0, **kwargs) -> subproces
         timeout=timeout_s,
         **kwargs,
     )
+
+
+def thread_cpu_ticks(native_id: int) -> int:
+    """User plus system clock ticks of one thread of this process (Linux)."""
+    with open(f"/proc/self/task/{native_id}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
