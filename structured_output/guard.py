@@ -241,7 +241,7 @@ class GuardTable:
         all_ones = np.uint32(0xFFFFFFFF)
         for s, u, runs, ok, ctrl in self._rows(lex):
             strict = _pack(ok, self.words)
-            lenient = _pack(ok | ctrl[None, :], self.words) if ctrl.any() else strict
+            lenient = strict | _pack_ids(ctrl, self.words) if ctrl.any() else strict
             for variant, packed in enumerate((strict, lenient)):
                 changed_words = packed != all_ones
                 num_changed = np.count_nonzero(changed_words, axis=1).tolist()
@@ -512,6 +512,13 @@ class GuardedMatcher(xgr.GrammarMatcher):
 
 
 # ----- building the tables -------------------------------------------------------------
+
+
+def _pack_ids(flags: np.ndarray, words: int) -> np.ndarray:
+    """bool ``[N]`` -> uint32 ``[words]``: the bits of the true columns alone."""
+    padded = np.zeros(words * 32, dtype=bool)
+    padded[: len(flags)] = flags
+    return np.packbits(padded, bitorder="little").view(np.uint32)
 
 
 def _pack(flags: np.ndarray, words: int) -> np.ndarray:
