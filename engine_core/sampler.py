@@ -156,8 +156,10 @@ class Sampler:
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="thinkgate-mask")
         half = len(rows) // 2
         other = self._helper.submit(apply_bitmask_inplace, logits, bitmask, rows[:half])
-        apply_bitmask_inplace(logits, bitmask, rows[half:])
-        other.result()
+        try:
+            apply_bitmask_inplace(logits, bitmask, rows[half:])
+        finally:  # the helper's half is done (or failed) before anyone reads the logits
+            other.result()
 
     def close(self) -> None:
         """Let the helper thread go (a later mask starts another)."""
