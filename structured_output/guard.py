@@ -31,7 +31,12 @@
    the same holds for escapes: a ``\\u`` escape of a surrogate must be a high one
    followed at once by a low one (``\\ud83d\\ude00``); a lone one (which JSON's
    grammar admits, strict parsers refuse, and no UTF-8 encoder can write back) is
-   masked as it would begin.
+   masked as it would begin. And a raw control character (U+0000 to U+001F) inside a
+   string, which strict JSON parsers refuse, is masked where the grammar lets it in
+   (xgrammar's length-bounded strings do); a grammar whose strings refuse it by
+   themselves (`whitespace.refuses_control`: plain strings, JSON mode, JSON-only tags)
+   gets each state's mask without those bans, and most states inside strings then need
+   none at all.
 
 Each matcher carries a small state (`GuardedMatcher.guard_state`): where the text it
 has accepted stands lexically (`lexing.py`: outside a JSON string, inside one, in an
