@@ -21,8 +21,7 @@ def allowed_ids(words: np.ndarray, vocab_rows: int) -> tuple[np.ndarray, np.ndar
     bits at a time where rows have an even number of words), then the bits of those
     words alone, unpacked as bytes.
     """
-    words = np.ascontiguousarray(words, dtype=np.uint32)
-    wide = words.view(np.uint64) if words.shape[1] % 2 == 0 else words
+    wide = _wide(words)
     flat = wide.reshape(-1)
     at = np.flatnonzero(flat)
     per_word = wide.dtype.itemsize * 8
@@ -38,9 +37,13 @@ def allowed_ids(words: np.ndarray, vocab_rows: int) -> tuple[np.ndarray, np.ndar
 
 def allowed_counts(words: np.ndarray) -> np.ndarray:
     """Per row of uint32 ``[m, W]`` mask words, the number of allowed ids."""
+    return np.bitwise_count(_wide(words)).sum(axis=1, dtype=np.int64)
+
+
+def _wide(words: np.ndarray) -> np.ndarray:
+    """Mask rows read 64 bits at a time where they have an even number of words."""
     words = np.ascontiguousarray(words, dtype=np.uint32)
-    wide = words.view(np.uint64) if words.shape[1] % 2 == 0 else words
-    return np.bitwise_count(wide).sum(axis=1, dtype=np.int64)
+    return words.view(np.uint64) if words.shape[1] % 2 == 0 else words
 
 
 def apply_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, rows: np.ndarray) -> None:

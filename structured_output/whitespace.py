@@ -106,36 +106,32 @@ _WHITESPACE = frozenset((0x09, 0x0A, 0x0D))
 
 
 def _class_ranges(body: str) -> list[tuple[int, int]]:
-    """The code point ranges of a class body of xgrammar's EBNF (``^`` left off)."""
-    points: list[int] = []
-    dash: list[bool] = []  # whether a range dash precedes the point
+    """The code point ranges of a class body of xgrammar's EBNF (``^`` left off). A
+    malformed escape raises ValueError."""
+    points: list[int | None] = []  # None: the dash of a range
     i = 0
     while i < len(body):
-        c = body[i]
-        if c == "\\" and i + 1 < len(body):
-            e = body[i + 1]
-            if e in _HEX_DIGITS:
-                k = _HEX_DIGITS[e]
-                cp, i = int(body[i + 2 : i + 2 + k], 16), i + 2 + k
-            else:
-                cp, i = _ESCAPES.get(e, ord(e)), i + 2
-        elif c == "-" and points and i + 1 < len(body) and not dash[-1]:
-            dash.append(True)  # marks the next point as a range's end
-            points.append(-1)
-            i += 1
-            continue
+        c, i = body[i], i + 1
+        if c == "\\" and i < len(body):
+            e = body[i]
+            k = _HEX_DIGITS.get(e, 0)
+            points.append(int(body[i + 1 : i + 1 + k], 16) if k else _ESCAPES.get(e, ord(e)))
+            i += 1 + k
+        elif c == "-" and points and points[-1] is not None and i < len(body):
+            points.append(None)
         else:
-            cp, i = ord(c), i + 1
-        points.append(cp)
-        dash.append(False)
+            points.append(ord(c))
     ranges: list[tuple[int, int]] = []
     k = 0
     while k < len(points):
-        if k + 2 < len(points) and points[k + 1] == -1:
-            ranges.append((points[k], points[k + 2]))
+        lo = points[k]
+        if k + 2 < len(points) and points[k + 1] is None and lo is not None:
+            hi = points[k + 2]
+            ranges.append((lo, ord("-") if hi is None else hi))
             k += 3
         else:
-            ranges.append((points[k], points[k]))
+            lo = ord("-") if lo is None else lo
+            ranges.append((lo, lo))
             k += 1
     return ranges
 
@@ -170,17 +166,20 @@ def refuses_control(ebnf: str) -> bool:
     is masked."""
     if "Regex(" in ebnf:
         return False
-    for body in _classes(ebnf):
-        if body.startswith("^"):  # must leave out every control character
-            left_out = [False] * (_CONTROL + 1)
-            for lo, hi in _class_ranges(body[1:]):
-                for cp in range(lo, min(hi, _CONTROL) + 1):
-                    left_out[cp] = True
-            if not all(left_out):
-                return False
-        elif any(
-            lo <= _CONTROL and not (lo == hi and lo in _WHITESPACE)
-            for lo, hi in _class_ranges(body)
-        ):
-            return False
-    return True
+    try:
+        return all(_class_refuses_control(body) for body in _classes(ebnf))
+    except ValueError:  # an escape it cannot read
+        return False
+
+
+def _class_refuses_control(body: str) -> bool:
+    """Whether a class of a JSON grammar lets no control character into a string: a
+    negated one leaves them all out, another names none but whitespace."""
+    if body.startswith("^"):
+        left_out = set()
+        for lo, hi in _class_ranges(body[1:]):
+            left_out.update(range(lo, min(hi, _CONTROL) + 1))
+        return len(left_out) == _CONTROL + 1
+    return not any(
+        lo <= _CONTROL and not (lo == hi and lo in _WHITESPACE) for lo, hi in _class_ranges(body)
+    )
