@@ -12,6 +12,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -73,13 +74,17 @@ Method = Callable[[], Callable[[], Any]]
 def side_by_side(
     methods: dict[str, Method], *, iters: int, warmup: int, device: str
 ) -> dict[str, np.ndarray]:
-    """Time each method ``warmup + iters`` times, alternating which goes first; return
-    the ``iters`` timed durations (µs) of each."""
+    """Time each method ``warmup + iters`` times, in a new order each round (seeded):
+    what ran just before a method (whose memory it evicted from the caches, whose
+    threads are still winding down) is then any of the others alike, not always the
+    same neighbour. Returns the ``iters`` timed durations (µs) of each."""
     clock = timer(device)
     names = list(methods)
     out: dict[str, list[float]] = {n: [] for n in names}
+    order = random.Random(len(names) * 1000 + iters)
     for i in range(warmup + iters):
-        for name in names if i % 2 == 0 else reversed(names):
+        order.shuffle(names)
+        for name in names:
             call = methods[name]()
             t = clock(call)
             if i >= warmup:

@@ -13,8 +13,13 @@
   where CUDA is present) filled by a Python loop of ``matcher.fill_next_token_bitmask``.
 - ``loop``: the old self-comparison. The engine's own guarded matchers filled by that
   same per-row loop into a fresh bitmask (the guard then runs row by row).
-- ``unguarded``: the engine's filler with the guard off (whitespace unbounded): what
-  the bound costs is ``engine / unguarded``.
+- ``bound_off``: the engine as a user runs it with the whitespace bound off
+  (``--json-max-whitespace none``): the same filler and grammars, guarded by the table
+  without a bound (UTF-8, escapes and control characters are still kept). What the
+  bound costs is ``engine / bound_off``.
+- ``unguarded``: the engine's filler with no guard at all (not a configuration the
+  engine runs: its masks are the grammar's alone); ``engine / unguarded`` is what the
+  whole guard costs.
 
 All fill the same states (`bench.states`); filling does not change a matcher's state.
 Checked once per batch size: ``engine`` equals ``loop`` exactly, and equals
@@ -39,11 +44,12 @@ from . import states
 from .common import Method, Record, environment, p50, pair_records, side_by_side
 from .common import _us as us
 
-METHODS = ("engine", "baseline", "loop", "unguarded")
+METHODS = ("engine", "baseline", "loop", "bound_off", "unguarded")
 
 
 def _methods(
     filler: BitmaskFiller,
+    bound_off: BitmaskFiller,
     unguarded: BitmaskFiller,
     rows: list[states.Row],
     vocab_rows: int,
@@ -53,6 +59,7 @@ def _methods(
 
     b = len(rows)
     guides = [RequestGuide(None, r.matcher) for r in rows]
+    free = [RequestGuide(None, r.unbounded) for r in rows]
     ours = [r.matcher for r in rows]
     theirs = [r.peer for r in rows]
     index = list(range(b))
@@ -71,6 +78,7 @@ def _methods(
         "engine": lambda: lambda: filler.fill(index, guides),
         "baseline": lambda: lambda: loop(theirs),
         "loop": lambda: lambda: loop(ours),
+        "bound_off": lambda: lambda: bound_off.fill(index, free),
         "unguarded": lambda: lambda: unguarded.fill(index, guides),
         #: the per-step allocation alone, to tell the loops' two costs apart
         "alloc": lambda: fresh,
@@ -81,7 +89,8 @@ def check(
     vocab: states.Vocab, rows: list[states.Row], engine: torch.Tensor, methods: dict[str, Method]
 ) -> None:
     """``engine`` equals the per-row loop over the same matchers, and the baseline's
-    masks with each row's guard mask applied, on every ordinary id."""
+    masks with each row's guard mask applied, on every ordinary id; with the bound
+    off, the engine allows all it allowed with it (and more only where a bound bites)."""
     b = len(rows)
     where = f"{vocab.name}, batch {b}"
     if not torch.equal(engine[:b], methods["loop"]()()):
@@ -98,6 +107,9 @@ def check(
     ours = engine[:b].numpy().view(np.uint32)
     if not np.array_equal(ours & ordinary, guarded & ordinary):
         raise AssertionError(f"fill: the engine and the baseline's grammar differ ({where})")
+    free = methods["bound_off"]()().buffer[:b].numpy().view(np.uint32)
+    if (ours & ~free).any():
+        raise AssertionError(f"fill: the bound off refuses what the bound allows ({where})")
 
 
 def _ordinary_words(vocab: states.Vocab) -> np.ndarray:
@@ -115,8 +127,10 @@ def run(args: argparse.Namespace) -> list[Record]:
     biggest = max(args.batch_sizes)
     for vocab_name in args.vocabs:
         v = states.vocab(vocab_name)
-        rows = states.make_rows(vocab_name, biggest, args.seed, args.grammars, peer=True)
-        engine, unguarded = (
+        rows = states.make_rows(
+            vocab_name, biggest, args.seed, args.grammars, peer=True, unbounded=True
+        )
+        engine, bound_off, unguarded = (
             BitmaskFiller(
                 biggest,
                 v.vocab_rows,
@@ -125,10 +139,10 @@ def run(args: argparse.Namespace) -> list[Record]:
                 max_threads=args.fill_threads,
                 guard=guard,
             )
-            for guard in (states.guard(vocab_name), None)
+            for guard in (states.guard(vocab_name), states.guard(vocab_name, None), None)
         )
         for b in args.batch_sizes:
-            methods = _methods(engine, unguarded, rows[:b], v.vocab_rows, cuda)
+            methods = _methods(engine, bound_off, unguarded, rows[:b], v.vocab_rows, cuda)
             check(v, rows[:b], methods["engine"]()().buffer, methods)
             times = side_by_side(methods, iters=args.iters, warmup=args.warmup, device=args.device)
             alloc = times.pop("alloc")
@@ -157,13 +171,14 @@ def run(args: argparse.Namespace) -> list[Record]:
 
 def table(records: Sequence[Record]) -> str:
     """Per (vocabulary, batch): the engine, the baseline and their ratio; the old
-    self-comparison; what the guard costs."""
+    self-comparison; what the bound and the whole guard cost."""
     by: dict[tuple[str, int], dict[str, Record]] = {}
     for r in records:
         by.setdefault((r.vocab, r.batch_size), {})[r.method] = r
     head = (
         f"{'vocab':<14}{'batch':>6}  {'engine p50':>11}{'/row':>9}  {'baseline p50':>13}"
-        f"{'b/e':>7}  {'loop p50':>10}{'l/e':>7}  {'guard off':>10}{'e/off':>7}"
+        f"{'b/e':>7}  {'loop p50':>10}{'l/e':>7}  {'bound off':>10}{'e/boff':>7}"
+        f"  {'guard off':>10}{'e/off':>7}"
     )
     lines = [head, "-" * len(head)]
     for (vocab, b), m in by.items():
@@ -174,6 +189,7 @@ def table(records: Sequence[Record]) -> str:
             f"{vocab:<14}{b:>6}  {us(e):>11}{us(m['engine'].per_row_median_us):>9}"
             f"  {us(m['baseline'].median_us):>13}{m['baseline'].median_us / e:>6.2f}x"
             f"  {us(m['loop'].median_us):>10}{m['loop'].median_us / e:>6.2f}x"
+            f"  {us(m['bound_off'].median_us):>10}{e / m['bound_off'].median_us:>6.2f}x"
             f"  {us(m['unguarded'].median_us):>10}{e / m['unguarded'].median_us:>6.2f}x"
         )
     return "\n".join(lines)

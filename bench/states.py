@@ -355,19 +355,20 @@ def compiled(vocab_name: str) -> dict[str, Any]:
     return out
 
 
+_DEFAULT_BOUND = CompileOptions().max_whitespace
+
+
 @cache
-def guard(vocab_name: str) -> Any:
+def guard(vocab_name: str, limit: int | None = _DEFAULT_BOUND) -> Any:
     """The engine's guard table of one vocabulary (`structured_output.guard`), with the
-    engine's default whitespace bound."""
+    engine's default whitespace bound (``limit=None``: the engine with the bound off,
+    which still guards UTF-8, escapes and control characters)."""
     from structured_output.guard import GuardTable
 
     v = vocab(vocab_name)
     specials = {**v.tokenizer.special_tokens, **v.markers}
     return GuardTable(
-        v.token_bytes,
-        v.vocab_rows,
-        special_ids=set(specials.values()),
-        limit=CompileOptions().max_whitespace,
+        v.token_bytes, v.vocab_rows, special_ids=set(specials.values()), limit=limit
     )
 
 
@@ -406,6 +407,8 @@ class Row:
     next_token: int  # the document's next token (allowed by construction)
     #: the same state in the grammar a vLLM user compiles (`peer_compiled`), or None
     peer: Any = None
+    #: the same state in a matcher of the engine with the whitespace bound off, or None
+    unbounded: Any = None
 
 
 def make_rows(
@@ -415,9 +418,11 @@ def make_rows(
     grammars: tuple[str, ...] = GRAMMARS,
     *,
     peer: bool = False,
+    unbounded: bool = False,
 ) -> list[Row]:
     """``n`` rows, grammars in turn, each at a random point of its own random document
-    (``peer``: each with its twin in `peer_compiled` too)."""
+    (``peer``: each with its twin in `peer_compiled` too; ``unbounded``: and its twin
+    guarded by the table with the bound off)."""
     import xgrammar as xgr
 
     from structured_output.guard import GuardedMatcher
@@ -437,11 +442,17 @@ def make_rows(
             grams[g], table, json_text=grams[g].json_text, override_stop_tokens=stops
         )
         twin = xgr.GrammarMatcher(twins[g], override_stop_tokens=stops) if peer else None
+        free = None
+        if unbounded:
+            free = GuardedMatcher(
+                grams[g], guard(vocab_name, None), json_text=grams[g].json_text,
+                override_stop_tokens=stops,
+            )  # fmt: skip
         for t in ids[:cut]:
-            if not m.accept_token(t) or (twin is not None and not twin.accept_token(t)):
+            if not all(x.accept_token(t) for x in (m, twin, free) if x is not None):
                 text = v.tokenizer.decode(ids)
                 raise AssertionError(f"{g} rejected token {t} of its own document {text!r}")
-        rows.append(Row(g, m, ids[:cut], ids[cut], twin))
+        rows.append(Row(g, m, ids[:cut], ids[cut], twin, free))
     return rows
 
 

@@ -22,7 +22,7 @@ def _records(path) -> list[dict]:
     return records
 
 
-METHODS = {"fill": ("engine", "baseline", "loop", "unguarded"), "apply": ("engine", "baseline")}
+METHODS = {"fill": ("engine", "baseline", "loop", "bound_off", "unguarded"), "apply": ("engine", "baseline")}
 
 
 @pytest.mark.parametrize("bench", ["fill", "apply"])
