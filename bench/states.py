@@ -367,9 +367,7 @@ def guard(vocab_name: str, limit: int | None = _DEFAULT_BOUND) -> Any:
 
     v = vocab(vocab_name)
     specials = {**v.tokenizer.special_tokens, **v.markers}
-    return GuardTable(
-        v.token_bytes, v.vocab_rows, special_ids=set(specials.values()), limit=limit
-    )
+    return GuardTable(v.token_bytes, v.vocab_rows, special_ids=set(specials.values()), limit=limit)
 
 
 @cache

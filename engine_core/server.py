@@ -64,6 +64,7 @@ from reasoning import load_plugin
 from tokenization import Tokenizer, load_tokenizer
 
 from .config import EngineConfig, StartupError
+from .cpu_threads import serial_torch_on_this_thread
 
 if TYPE_CHECKING:
     from .engine import EngineCore as Core
@@ -587,6 +588,9 @@ def run_engine(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # before any torch op: the model thread's OpenMP team is to be the only one
+    if serial_torch_on_this_thread():
+        log.debug("torch's CPU ops on the main thread run serially (cpu_threads.py)")
     try:
         server = EngineServer(config, on_ready=ready.append, lean_xgrammar=lean_xgrammar)
     except (StartupError, AddressError, CurveKeyError, TokenFileError) as e:

@@ -22,7 +22,10 @@ def _records(path) -> list[dict]:
     return records
 
 
-METHODS = {"fill": ("engine", "baseline", "loop", "bound_off", "unguarded"), "apply": ("engine", "baseline")}
+METHODS = {
+    "fill": ("engine", "baseline", "loop", "bound_off", "unguarded"),
+    "apply": ("engine", "baseline"),
+}
 
 
 @pytest.mark.parametrize("bench", ["fill", "apply"])

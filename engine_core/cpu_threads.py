@@ -1,0 +1,61 @@
+"""OpenMP in the engine process: only the model thread runs torch's CPU ops in
+parallel.
+
+torch runs a CPU op in parallel on an OpenMP team of the thread that calls it, and
+each thread that ever runs one keeps a team of its own. GNU OpenMP counts the threads
+of every team in the process; once they outnumber the CPUs, every team's threads stop
+spinning between parallel regions and sleep at once, so that each parallel op pays
+for waking them. A forward pass of a small model is thousands of small ops. On 2
+cores, 200 small adds on a thread took 3.5-5.4 ms while that thread's team was the
+only one, and 18-23 ms once the main thread had run one large op (a team of its own).
+The engine process loads its model and allocates its buffers on the main thread, then
+runs every forward pass on the model thread: without care it has two teams, and its
+forward passes paid that price (about a fifth of each step of the bench model).
+
+So the engine process makes its main thread serial before anything runs: its torch
+ops run on it alone (loading weights is copying memory; the sampler works in numpy),
+it never makes a team, and the model thread's team (torch's default size) is the only
+one. Other threads of the engine run no torch CPU op (the fill and the mask kernel
+are xgrammar's).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+
+#: file names of the OpenMP runtimes torch builds link (GNU, Intel, LLVM)
+_RUNTIMES = ("libgomp", "libiomp", "libomp")
+
+
+@cache
+def _openmp() -> ctypes.CDLL | None:
+    """The OpenMP runtime loaded in this process (the one torch uses), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if line.count(" ") >= 5}
+    except OSError:  # no /proc: not Linux
+        return None
+    for path in sorted(paths):
+        if os.path.basename(path).startswith(_RUNTIMES):
+            lib = ctypes.CDLL(path)  # the loaded library again, not a second copy
+            if hasattr(lib, "omp_set_num_threads"):
+                return lib
+    return None
+
+
+def serial_torch_on_this_thread() -> bool:
+    """From now on, torch's CPU ops called on this thread run on it alone (its OpenMP
+    team size is 1); other threads keep torch's default. False where no OpenMP
+    runtime is loaded (nothing to do)."""
+    import torch
+
+    lib = _openmp()
+    if lib is None:
+        return False
+    # torch sets a thread's OpenMP team size when the thread first asks for it; ask
+    # now, so that it cannot undo the setting below later
+    torch.get_num_threads()
+    lib.omp_set_num_threads(1)
+    return True
