@@ -45,7 +45,8 @@ from .sampling_math import (
 )
 
 _EMPTY = np.empty(0, dtype=np.int64)
-#: from this many rows masked in place on a CPU, a helper thread takes half of them
+#: from this many rows masked in place, or drawn from the whole vocabulary, on a CPU,
+#: a helper thread takes half of them
 _SPLIT_ROWS = 16
 
 
@@ -99,7 +100,7 @@ class Sampler:
         #: ``numpy`` or ``torch``; None: numpy for CPU logits, torch elsewhere
         self.kernel = kernel
         self._scratch: TopPScratch | None = None
-        self._helper: ThreadPoolExecutor | None = None  # started by the first big mask
+        self._helper: ThreadPoolExecutor | None = None  # started by the first split
 
     def _numpy(self, logits: torch.Tensor) -> bool:
         if self.kernel is None:
@@ -152,14 +153,32 @@ class Sampler:
         if len(rows) < _SPLIT_ROWS:
             apply_bitmask_inplace(logits, bitmask, rows)
             return
-        if self._helper is None:
-            self._helper = ThreadPoolExecutor(1, thread_name_prefix="thinkgate-mask")
         half = len(rows) // 2
-        other = self._helper.submit(apply_bitmask_inplace, logits, bitmask, rows[:half])
+        other = self._pool().submit(apply_bitmask_inplace, logits, bitmask, rows[:half])
         try:
             apply_bitmask_inplace(logits, bitmask, rows[half:])
         finally:  # the helper's half is done (or failed) before anyone reads the logits
             other.result()
+
+    def draw_all_np(self, z: np.ndarray, inv_t: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """`inverse_cdf_np` over every row of CPU logits ``z`` (in place), many rows
+        split with the helper thread: numpy frees the GIL over such wide rows, and
+        each row's draw is its own, so the tokens are those of one call."""
+        n = len(z)
+        if n < _SPLIT_ROWS:
+            return inverse_cdf_np(z, inv_t, u)
+        half = n // 2
+        other = self._pool().submit(inverse_cdf_np, z[:half], inv_t[:half], u[:half])
+        try:
+            mine = inverse_cdf_np(z[half:], inv_t[half:], u[half:])
+        finally:  # the helper's half is done (or failed) before the logits are reused
+            first = other.result()
+        return np.concatenate((first, mine))
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="thinkgate-mask")
+        return self._helper
 
     def close(self) -> None:
         """Let the helper thread go (a later mask starts another)."""
@@ -250,7 +269,7 @@ class Sampler:
             inv_all, u_all = np.ones(n), np.zeros(n)
             inv_all[plain], u_all[plain] = inv_t, u
             drawn = (
-                inverse_cdf_np(arr, inv_all, u_all)
+                self.draw_all_np(arr, inv_all, u_all)
                 if use_np
                 else inverse_cdf_torch(arr, inv_all, u_all)
             )

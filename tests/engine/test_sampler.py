@@ -398,3 +398,40 @@ def test_many_rows_masked_in_place_on_two_threads_equal_one_by_one():
         assert all(t in allowed[r] for r, t in enumerate(tokens.tolist()))
     finally:
         sampler.close()
+
+
+def test_many_rows_drawn_on_two_threads_draw_what_one_call_draws():
+    """From `sampler._SPLIT_ROWS` rows a helper thread draws half of the rows sampled
+    from the whole vocabulary: the tokens of one `inverse_cdf_np` over every row,
+    a row with nothing allowed included; and through `Sampler.sample`, each row
+    draws what it draws alone."""
+    import threading
+
+    from engine_core import sampler as sampler_module
+
+    n = 2 * sampler_module._SPLIT_ROWS + 3
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((n, V)).astype(np.float32)
+    x[4] = -np.inf
+    x[n - 1, ::2] = -np.inf
+    inv_t, u = rng.uniform(0.5, 2.0, n), rng.random(n)
+    want = inverse_cdf_np(x.copy(), inv_t, u)
+    sampler = Sampler(V, kernel="numpy")
+    try:
+        got = sampler.draw_all_np(x.copy(), inv_t, u)
+        np.testing.assert_array_equal(got, want)
+        assert got[4] == -1
+        assert any(t.name.startswith("thinkgate-mask") for t in threading.enumerate())
+        batch = _batch(n, seed=8)
+        tokens = sampler.sample(torch.from_numpy(x.copy()), batch, StepConstraints())
+        for r in (0, 4, n // 2, n - 1):
+            one = SamplingBatch(
+                batch.temperature[r : r + 1],
+                batch.top_p[r : r + 1],
+                batch.top_k[r : r + 1],
+                batch.uniforms[r : r + 1],
+            )
+            alone = sampler.sample(torch.from_numpy(x[r : r + 1].copy()), one, StepConstraints())
+            assert tokens[r] == alone[0], r
+    finally:
+        sampler.close()
