@@ -12,11 +12,12 @@ The engine process loads its model and allocates its buffers on the main thread,
 runs every forward pass on the model thread: without care it has two teams, and its
 forward passes paid that price (about a fifth of each step of the bench model).
 
-So the engine process makes its main thread serial before anything runs: its torch
-ops run on it alone (loading weights is copying memory; the sampler works in numpy),
-it never makes a team, and the model thread's team (torch's default size) is the only
-one. Other threads of the engine run no torch CPU op (the fill and the mask kernel
-are xgrammar's).
+So an engine in a process of its own (`server.run_engine`) makes its main thread
+serial before it builds its core, the first torch op (the handshake before it imports
+no torch): the main thread's torch ops then run on it alone (loading weights is
+copying memory; the sampler works in numpy), it never makes a team, and the model
+thread's team (torch's default size) is the only one. Other threads of the engine run
+no torch CPU op (the fill and the mask kernel are xgrammar's).
 """
 
 from __future__ import annotations

@@ -83,3 +83,38 @@ def test_without_it_the_main_thread_makes_a_team():
     assert got["serial"] is False
     assert got["main_threads"] == 2
     assert got["after_main"] > got["before"]
+
+
+ENGINE = """
+import json, torch
+from engine_core.config import EngineConfig
+from engine_core.server import EngineServer
+from structured_output.config import StructuredOutputConfig
+
+config = EngineConfig(
+    model="random", device="cpu", log_level="WARNING",
+    structured_output=StructuredOutputConfig(compile_workers=0),
+)
+server = EngineServer(config, own_process=OWN)
+try:
+    model = server.core._model_thread.submit(torch.get_num_threads).result()
+    print(json.dumps({"main": torch.get_num_threads(), "model": model}))
+finally:
+    server.stop()
+    server.serve()  # returns at once: it was stopped; closes what start-up built
+"""
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_an_engine_in_its_own_process_keeps_its_main_thread_serial(own):
+    env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", ENGINE.replace("OWN", str(own))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    line = next(x for x in out.stdout.splitlines() if x.startswith("{"))
+    assert json.loads(line) == {"main": 1 if own else 2, "model": 2}
