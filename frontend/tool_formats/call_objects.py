@@ -5,6 +5,7 @@ description both the constraint and the parser read."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,24 @@ def call_object_schema(tools: Sequence[FunctionTool], args_key: str) -> dict[str
     return schema
 
 
+def call_header(name: str, args_key: str) -> str:
+    """A call object's header as chat templates write it, ``{"name": NAME, "KEY": ``
+    (JSON with ``": "`` and ``", "``; the name escaped only where JSON must)."""
+    return f'{{"name": {json.dumps(name, ensure_ascii=False)}, "{args_key}": '
+
+
+def call_object(tools: Sequence[FunctionTool], args_key: str, free: FreeText) -> Format:
+    """One call object of any of ``tools``: `call_object_schema`; for one tool (a
+    named call), its header as forced text (`call_header`), its arguments and ``}``,
+    which jump forward appends whole where the schema would leave the header's
+    whitespace to the model."""
+    if len(tools) == 1:
+        (tool,) = tools
+        header = const(call_header(tool.name, args_key))
+        return seq(header, json_value(tool.schema, free), const("}"))
+    return json_value(call_object_schema(tools, args_key), free)
+
+
 def read_object_header(text: str, i: int) -> tuple[int, str]:
     """A call object's header (`json_text.read_call_header` with `ARGUMENT_KEYS`)."""
     return read_call_header(text, i, ARGUMENT_KEYS)
@@ -61,8 +80,8 @@ JSON_NAME_SYNTAX = "printable, without '<', '>', '[' or ']'"
 class CallList:
     """Call objects in a row: ``opening OBJECT (separator OBJECT)* closing``.
 
-    The constraint writes exactly this (the objects as ONE schema over all offered
-    tools, `call_object_schema` with ``args_key``); the parser reads the separator
+    The constraint writes exactly this (the objects as `call_object` with
+    ``args_key``: ONE schema over all offered tools); the parser reads the separator
     and the closing with any whitespace around them, either arguments key, and, with
     ``bare_separator``, objects separated by whitespace alone (a model writing one
     call per line)."""
@@ -82,7 +101,7 @@ class CallList:
 
     def grammar(self, tools: Sequence[FunctionTool], free: FreeText, *, many: bool) -> Format:
         """One object (or, with ``many``, one or more) of any of ``tools``."""
-        call = json_value(call_object_schema(tools, self.args_key), free)
+        call = call_object(tools, self.args_key, free)
         calls = repeated(call, separator=const(self.separator), parallel=many)
         return seq(const(self.opening), calls, const(self.closing))
 

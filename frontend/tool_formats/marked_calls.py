@@ -34,7 +34,7 @@ from typing import ClassVar
 from structured_output import GrammarSpec
 
 from .base import FunctionTool, Markup, ToolCallParser, ToolFormat
-from .call_objects import CALL_OBJECT_MARKUP, call_object_schema, read_object_header
+from .call_objects import CALL_OBJECT_MARKUP, call_object, read_object_header
 from .grammar import (
     API_NAME_SYNTAX,
     Format,
@@ -169,7 +169,8 @@ class CallObject:
     arguments are that object's value and its ``}`` follows them. The constraint
     writes ``lead`` and then the whole object as ONE JSON schema over every offered
     tool (`call_objects.call_object_schema`), so that keeping markers out of its
-    strings is compiled once, not once per tool. The parser reads ``"arguments"`` or
+    strings is compiled once, not once per tool; for one tool, its header is forced
+    text (`call_objects.call_object`). The parser reads ``"arguments"`` or
     ``"parameters"``; the name must come first."""
 
     #: the arguments key the constraint writes
@@ -397,11 +398,10 @@ def json_calls(
         return [call_format(syntax, markers, t.name, json_value(t.schema, free)) for t in tools]
     if not isinstance(header, CallObject):
         raise ValueError("a syntax without a header writes its calls itself")
-    obj = json_value(call_object_schema(tools, header.args_key), free)
     return [
         seq(
             layout(syntax.call_begin + header.lead, markers),
-            obj,
+            call_object(tools, header.args_key, free),
             *(layout(t, markers) for t in syntax.tail),
             layout(syntax.call_end or "", markers),
         )

@@ -314,3 +314,29 @@ def test_tools_without_a_schema_take_any_object(family: str) -> None:
         if gen.finished:
             parsed = fmt.parse(fmt.tokenizer.decode(gen.token_ids), tools)
             assert call_errors(parsed, tools, None, True) == []
+
+
+@pytest.mark.parametrize(
+    ("family", "first", "key"),
+    [("hermes", "<tool_call>", "arguments"), ("llama3_json", "<|python_tag|>", "parameters")],
+)
+def test_a_named_call_forces_its_header_as_chat_templates_write_it(
+    family: str, first: str, key: str
+) -> None:
+    """One tool: the call object's header is forced text, spaced as the family's chat
+    templates write it (so jump forward can append it whole); a header spaced
+    otherwise, which the parser reads alike, is refused. Under "required" with two
+    tools the header's whitespace stays free."""
+    fmt = format_for(family)
+    canonical = EXAMPLES[family][1]
+    compact = canonical.replace('"name": ', '"name":').replace(f', "{key}"', f',"{key}"')
+    spec = fmt.constraint(list(EXAMPLE_TOOLS), named="get_weather", parallel=True)
+    named = sampler_for(fmt.tokenizer).compile(spec)
+    assert takes(fmt, named, canonical)
+    assert not takes(fmt, named, compact)
+    matcher = xgr.GrammarMatcher(named)
+    assert matcher.accept_token(fmt.tokenizer.special_tokens[first])
+    forced = matcher.find_jump_forward_string()
+    assert forced.endswith(f'{{"name": "get_weather", "{key}": {{'), forced
+    either = grammar(family, tuple(EXAMPLE_TOOLS))
+    assert takes(fmt, either, canonical) and takes(fmt, either, compact)
