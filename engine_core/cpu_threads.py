@@ -12,12 +12,15 @@ The engine process loads its model and allocates its buffers on the main thread,
 runs every forward pass on the model thread: without care it has two teams, and its
 forward passes paid that price (about a fifth of each step of the bench model).
 
-So an engine in a process of its own (`server.run_engine`) makes its main thread
-serial before it builds its core, the first torch op (the handshake before it imports
-no torch): the main thread's torch ops then run on it alone (loading weights is
-copying memory; the sampler works in numpy), it never makes a team, and the model
-thread's team (torch's default size) is the only one. Other threads of the engine run
-no torch CPU op (the fill and the mask kernel are xgrammar's).
+So in a process that runs one engine alone (`server.run_engine` says so with
+`one_engine_process`), the thread that builds the engine's core turns serial as the
+build begins, before the first torch op (the handshake before it imports no torch):
+that thread's torch ops then run on it alone (loading weights is copying memory; the
+sampler works in numpy), it never makes a team, and the model thread's team (torch's
+default size) is the only one. Other threads of the engine run no torch CPU op (the
+fill and the mask kernel are xgrammar's). Elsewhere (an engine core built in a process
+that does other torch work, as tests and benches do) nothing changes: that would slow
+the process's other work.
 """
 
 from __future__ import annotations
@@ -28,6 +31,20 @@ from functools import cache
 
 #: file names of the OpenMP runtimes torch builds link (GNU, Intel, LLVM)
 _RUNTIMES = ("libgomp", "libiomp", "libomp")
+#: set by `one_engine_process`
+_alone = False
+
+
+def one_engine_process() -> None:
+    """This process runs one engine and nothing else (its entry point says so)."""
+    global _alone
+    _alone = True
+
+
+def serial_if_one_engine_process() -> bool:
+    """`serial_torch_on_this_thread` in a process that runs one engine alone; called
+    by the thread that builds the engine's core, before its first torch op."""
+    return _alone and serial_torch_on_this_thread()
 
 
 @cache

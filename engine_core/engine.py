@@ -46,6 +46,7 @@ from structured_output.manager import StructuredOutputManager
 
 from .admission import check_request, error_message, spec_of
 from .config import EngineConfig
+from .cpu_threads import serial_if_one_engine_process
 from .drafts import NgramDrafter
 from .isolation import sample_isolating
 from .logprobs import StepLogprobs
@@ -92,6 +93,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig, tokenizer, *, device: str | None = None) -> None:
         """``device``: ``config.resolved_device()`` when not given. Whatever start-up
         built before a failure is closed again."""
+        serial_if_one_engine_process()  # before any torch op (cpu_threads.py)
         self.config = config
         self.device = device or config.resolved_device()
         self._model_thread: ThreadPoolExecutor | None = None

@@ -64,7 +64,7 @@ from reasoning import load_plugin
 from tokenization import Tokenizer, load_tokenizer
 
 from .config import EngineConfig, StartupError
-from .cpu_threads import serial_torch_on_this_thread
+from .cpu_threads import one_engine_process
 
 if TYPE_CHECKING:
     from .engine import EngineCore as Core
@@ -112,19 +112,14 @@ class EngineServer:
         *,
         on_ready: Callable[[EngineServer], None] | None = None,
         lean_xgrammar: bool = False,
-        own_process: bool = False,
     ) -> None:
         """``on_ready(server)`` is called once start-up is complete (the last step):
         from then on the server must be stopped with `stop`. ``lean_xgrammar``: in a
         process of its own, xgrammar is imported without transformers
         (`structured_output.xgrammar_import`), after the handshake is out and the
-        checks that need nothing loaded have passed (a start-up error costs no import).
-        ``own_process``: the process runs this engine alone, so the thread that builds
-        it runs torch serially from then on (`cpu_threads.py`); in a process that does
-        more, that would slow its other torch work."""
+        checks that need nothing loaded have passed (a start-up error costs no import)."""
         self.config = config
         self._lean_xgrammar = lean_xgrammar
-        self._own_process = own_process
         self._own_dir: Path | None = None
         self.core: Core | None = None  # the IO thread answers health checks until it is set
         self.keys = None
@@ -204,9 +199,6 @@ class EngineServer:
                 from structured_output.xgrammar_import import import_xgrammar
 
                 import_xgrammar()
-            # before any torch op: the model thread's OpenMP team is to be the only one
-            if self._own_process and serial_torch_on_this_thread():
-                log.debug("torch's CPU ops on the main thread run serially (cpu_threads.py)")
             self.core = (EngineCore or _engine_core_class())(config, tokenizer)
         if not early:
             self.handshake = self._handshake(config, self.core.vocab_rows, self.core.device)
@@ -509,14 +501,8 @@ class EngineServer:
             except queue.Empty:
                 break
             if isinstance(msg, EngineCoreRequest):
-                out.append(
-                    (
-                        client,
-                        EngineCoreOutput(
-                            msg.request_id, [], finish_reason=FinishReason.ABORT, error=error
-                        ),
-                    )
-                )
+                why = {"finish_reason": FinishReason.ABORT, "error": error}
+                out.append((client, EngineCoreOutput(msg.request_id, [], **why)))
         self._send(out)
 
     def _close(self) -> None:
@@ -596,10 +582,9 @@ def run_engine(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    one_engine_process()  # its core's builder runs torch serially (cpu_threads.py)
     try:
-        server = EngineServer(
-            config, on_ready=ready.append, lean_xgrammar=lean_xgrammar, own_process=True
-        )
+        server = EngineServer(config, on_ready=ready.append, lean_xgrammar=lean_xgrammar)
     except (StartupError, AddressError, CurveKeyError, TokenFileError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -87,15 +87,18 @@ def test_without_it_the_main_thread_makes_a_team():
 
 ENGINE = """
 import json, torch
+from engine_core import cpu_threads
 from engine_core.config import EngineConfig
 from engine_core.server import EngineServer
 from structured_output.config import StructuredOutputConfig
 
+if ALONE:
+    cpu_threads.one_engine_process()  # as server.run_engine does
 config = EngineConfig(
     model="random", device="cpu", log_level="WARNING",
     structured_output=StructuredOutputConfig(compile_workers=0),
 )
-server = EngineServer(config, own_process=OWN)
+server = EngineServer(config)
 try:
     model = server.core._model_thread.submit(torch.get_num_threads).result()
     print(json.dumps({"main": torch.get_num_threads(), "model": model}))
@@ -105,11 +108,13 @@ finally:
 """
 
 
-@pytest.mark.parametrize("own", [True, False])
-def test_an_engine_in_its_own_process_keeps_its_main_thread_serial(own):
+@pytest.mark.parametrize("alone", [True, False])
+def test_an_engine_alone_in_its_process_builds_its_core_on_a_serial_thread(alone):
+    """Alone in its process, the engine's builder thread turns serial and its model
+    thread keeps torch's default; in a process that does more, nothing changes."""
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=str(ROOT))
     out = subprocess.run(
-        [sys.executable, "-c", ENGINE.replace("OWN", str(own))],
+        [sys.executable, "-c", ENGINE.replace("ALONE", str(alone))],
         env=env,
         capture_output=True,
         text=True,
@@ -117,4 +122,4 @@ def test_an_engine_in_its_own_process_keeps_its_main_thread_serial(own):
         check=True,
     )
     line = next(x for x in out.stdout.splitlines() if x.startswith("{"))
-    assert json.loads(line) == {"main": 1 if own else 2, "model": 2}
+    assert json.loads(line) == {"main": 1 if alone else 2, "model": 2}
