@@ -49,17 +49,21 @@ def serial_if_one_engine_process() -> bool:
 
 @cache
 def _openmp() -> ctypes.CDLL | None:
-    """The OpenMP runtime loaded in this process (the one torch uses), or None."""
+    """The OpenMP runtime torch uses, loaded in this process (the one in torch's own
+    folder first, where another library brought a second), or None."""
+    import torch
+
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if line.count(" ") >= 5}
     except OSError:  # no /proc: not Linux
         return None
-    for path in sorted(paths):
-        if os.path.basename(path).startswith(_RUNTIMES):
-            lib = ctypes.CDLL(path)  # the loaded library again, not a second copy
-            if hasattr(lib, "omp_set_num_threads"):
-                return lib
+    own = os.path.dirname(torch.__file__)
+    runtimes = [p for p in paths if os.path.basename(p).startswith(_RUNTIMES)]
+    for path in sorted(runtimes, key=lambda p: (not p.startswith(own), p)):
+        lib = ctypes.CDLL(path)  # the loaded library again, not a second copy
+        if hasattr(lib, "omp_set_num_threads"):
+            return lib
     return None
 
 
