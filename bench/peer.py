@@ -27,6 +27,7 @@ import json
 import os
 import random
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,16 @@ def run(args: argparse.Namespace) -> list[Record]:
         rows.append((k, ids[: rng.randrange(len(ids))]))
 
     config = StructuredOutputConfig()
+
+    def filler(guard: Any) -> BitmaskFiller:
+        return BitmaskFiller(
+            biggest,
+            tok.vocab_rows,
+            batch_threshold=config.fill_batch_threshold,
+            max_threads=config.fill_threads,
+            guard=guard,
+        )
+
     guides: dict[str, list[RequestGuide]] = {}
     fillers: dict[str, BitmaskFiller] = {}
     for name, bound in (("engine", config.max_whitespace), ("bound_off", None)):
@@ -197,22 +208,11 @@ def run(args: argparse.Namespace) -> list[Record]:
                 raise AssertionError(f"the engine's grammar rejected a prefix of schema {k}")
             matchers.append(m)
         guides[name] = [RequestGuide(None, m) for m in matchers]
-        fillers[name] = BitmaskFiller(
-            biggest,
-            tok.vocab_rows,
-            batch_threshold=config.fill_batch_threshold,
-            max_threads=config.fill_threads,
-            guard=local.guard,
-        )
-    guides["unguarded"] = guides["engine"]
-    fillers["unguarded"] = BitmaskFiller(
-        biggest,
-        tok.vocab_rows,
-        batch_threshold=config.fill_batch_threshold,
-        max_threads=config.fill_threads,
-    )
+        fillers[name] = filler(local.guard)
+    guides["unguarded"], fillers["unguarded"] = guides["engine"], filler(None)
 
-    out_dir = Path(args.json).parent if args.json else Path(".")
+    # the peer's log beside the results, else in the temporary folder (not the tree)
+    out_dir = Path(args.json).parent if args.json else Path(tempfile.gettempdir())
     peer = Peer(args.peer_python, out_dir / "peer-vllm.log")
     try:
         info = peer.ask(

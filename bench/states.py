@@ -442,10 +442,10 @@ def make_rows(
         twin = xgr.GrammarMatcher(twins[g], override_stop_tokens=stops) if peer else None
         free = None
         if unbounded:
+            bound_off = guard(vocab_name, None)
             free = GuardedMatcher(
-                grams[g], guard(vocab_name, None), json_text=grams[g].json_text,
-                override_stop_tokens=stops,
-            )  # fmt: skip
+                grams[g], bound_off, json_text=grams[g].json_text, override_stop_tokens=stops
+            )
         for t in ids[:cut]:
             if not all(x.accept_token(t) for x in (m, twin, free) if x is not None):
                 text = v.tokenizer.decode(ids)

@@ -22,8 +22,10 @@ tensors too, so that both are tested here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -152,33 +154,32 @@ class Sampler:
         the CPU is otherwise idle)."""
         if len(rows) < _SPLIT_ROWS:
             apply_bitmask_inplace(logits, bitmask, rows)
-            return
-        half = len(rows) // 2
-        other = self._pool().submit(apply_bitmask_inplace, logits, bitmask, rows[:half])
-        try:
-            apply_bitmask_inplace(logits, bitmask, rows[half:])
-        finally:  # the helper's half is done (or failed) before anyone reads the logits
-            other.result()
+        else:
+            self._halves(lambda a, b: apply_bitmask_inplace(logits, bitmask, rows[a:b]), len(rows))
 
     def draw_all_np(self, z: np.ndarray, inv_t: np.ndarray, u: np.ndarray) -> np.ndarray:
         """`inverse_cdf_np` over every row of CPU logits ``z`` (in place), many rows
         split with the helper thread: numpy frees the GIL over such wide rows, and
         each row's draw is its own, so the tokens are those of one call."""
-        n = len(z)
-        if n < _SPLIT_ROWS:
+        if len(z) < _SPLIT_ROWS:
             return inverse_cdf_np(z, inv_t, u)
-        half = n // 2
-        other = self._pool().submit(inverse_cdf_np, z[:half], inv_t[:half], u[:half])
-        try:
-            mine = inverse_cdf_np(z[half:], inv_t[half:], u[half:])
-        finally:  # the helper's half is done (or failed) before the logits are reused
-            first = other.result()
-        return np.concatenate((first, mine))
+        return np.concatenate(
+            self._halves(lambda a, b: inverse_cdf_np(z[a:b], inv_t[a:b], u[a:b]), len(z))
+        )
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _halves(self, work: Callable[[int, int], Any], n: int) -> tuple[Any, Any]:
+        """``work(0, n // 2)`` on the helper thread and ``work(n // 2, n)`` on this one;
+        both results. The helper's half is done (or failed) before this returns or
+        raises: nobody reads the rows while it still writes them."""
         if self._helper is None:
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="thinkgate-mask")
-        return self._helper
+        half = n // 2
+        other = self._helper.submit(work, 0, half)
+        try:
+            mine = work(half, n)
+        finally:
+            first = other.result()
+        return first, mine
 
     def close(self) -> None:
         """Let the helper thread go (a later mask starts another)."""
