@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import xgrammar as xgr
@@ -316,27 +317,46 @@ def test_tools_without_a_schema_take_any_object(family: str) -> None:
             assert call_errors(parsed, tools, None, True) == []
 
 
-@pytest.mark.parametrize(
-    ("family", "first", "key"),
-    [("hermes", "<tool_call>", "arguments"), ("llama3_json", "<|python_tag|>", "parameters")],
-)
-def test_a_named_call_forces_its_header_as_chat_templates_write_it(
-    family: str, first: str, key: str
-) -> None:
-    """One tool: the call object's header is forced text, spaced as the family's chat
-    templates write it (so jump forward can append it whole); a header spaced
-    otherwise, which the parser reads alike, is refused. Under "required" with two
-    tools the header's whitespace stays free."""
+def _forced_spans(fmt: ToolFormat, compiled: object, text: str) -> list[bool] | None:
+    """Walking ``text`` token by token: per character, whether the grammar forced it
+    (`find_jump_forward_string` at some point covered it, as jump forward appends
+    it); None if the grammar refuses ``text``."""
+    tok = fmt.tokenizer
+    matcher = xgr.GrammarMatcher(compiled)
+    forced = [False] * len(text)
+    pos = 0
+    for tid in tok.encode(text):
+        ahead = matcher.find_jump_forward_string()
+        if ahead and text.startswith(ahead, pos):
+            forced[pos : pos + len(ahead)] = [True] * len(ahead)
+        if not matcher.accept_token(tid):
+            return None
+        pos += len(tok.decode([tid]))
+    return forced
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_named_call_forces_its_name_and_a_call_objects_header(family: str) -> None:
+    """A named call of the family, written as its chat template writes it: the grammar
+    takes it, and forces the tool's name (jump forward appends it). Where the call is
+    a JSON call object, its whole header is forced, spaced as the templates space it
+    (``", "arguments": {``), and a header spaced otherwise, which the parser reads
+    alike, is refused; under "required" with two tools its whitespace stays free."""
     fmt = format_for(family)
     canonical = EXAMPLES[family][1]
-    compact = canonical.replace('"name": ', '"name":').replace(f', "{key}"', f',"{key}"')
     spec = fmt.constraint(list(EXAMPLE_TOOLS), named="get_weather", parallel=True)
     named = sampler_for(fmt.tokenizer).compile(spec)
-    assert takes(fmt, named, canonical)
+    forced = _forced_spans(fmt, named, canonical)
+    assert forced is not None, canonical
+    at = canonical.index("get_weather")
+    assert all(forced[at : at + len("get_weather")]), canonical
+    header = re.search(r'\{"name": "get_weather", "(arguments|parameters)": \{', canonical)
+    if header is None:
+        return  # not a call object
+    seps = canonical.index('", "', header.start())
+    assert all(forced[seps : header.end()]), canonical[seps : header.end()]
+    key = header.group(1)
+    compact = canonical.replace('"name": ', '"name":').replace(f', "{key}"', f',"{key}"')
     assert not takes(fmt, named, compact)
-    matcher = xgr.GrammarMatcher(named)
-    assert matcher.accept_token(fmt.tokenizer.special_tokens[first])
-    forced = matcher.find_jump_forward_string()
-    assert forced.endswith(f'{{"name": "get_weather", "{key}": {{'), forced
     either = grammar(family, tuple(EXAMPLE_TOOLS))
     assert takes(fmt, either, canonical) and takes(fmt, either, compact)
