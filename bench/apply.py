@@ -28,7 +28,7 @@ import torch
 
 from engine_core.sampler import Sampler, SamplingBatch, StepConstraints
 from structured_output.apply import allowed_counts
-from structured_output.bitmask import BitmaskFiller
+from structured_output.bitmask import BitmaskFiller, fill_threads_for
 from structured_output.guide import RequestGuide
 
 from . import states
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                 b,
                 n,
                 pin_memory=cuda,
-                max_threads=args.fill_threads,
+                max_threads=fill_threads_for(args.fill_threads),
                 guard=states.guard(vocab_name),
             )
             filled = filler.fill(list(range(b)), [RequestGuide(None, r.matcher) for r in rows[:b]])

@@ -91,8 +91,9 @@ def _pairs(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fill-threads",
         type=int,
-        default=2,
-        help="threads of the engine's batched fill (the engine's default: 2)",
+        default=0,
+        help="threads of the engine's batched fill (default 0: as the engine picks them, "
+        "one per two CPUs, 2 to 8)",
     )
 
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from structured_output.bitmask import BitmaskFiller
+from structured_output.bitmask import BitmaskFiller, fill_threads_for
 from structured_output.guide import RequestGuide
 
 from . import states
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                 v.vocab_rows,
                 pin_memory=cuda,
                 num_buffers=2 if cuda else 1,
-                max_threads=args.fill_threads,
+                max_threads=fill_threads_for(args.fill_threads),
                 guard=guard,
             )
             for guard in (states.guard(vocab_name), states.guard(vocab_name, None), None)
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                 extra={
                     "baseline_alloc_median_us": round(p50(alloc), 1),
                     "batch_threshold": engine.batch_threshold,
-                    "fill_threads": args.fill_threads,
+                    "fill_threads": fill_threads_for(args.fill_threads),
                     "max_whitespace": states.guard(vocab_name).limit,
                     "mean_prefix_tokens": round(sum(len(r.prefix) for r in rows[:b]) / b, 1),
                 },

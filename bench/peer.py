@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from structured_output import CompileOptions, GrammarSpec, LocalCompiler
-from structured_output.bitmask import BitmaskFiller
+from structured_output.bitmask import BitmaskFiller, fill_threads_for
 from structured_output.config import StructuredOutputConfig
 from structured_output.guide import RequestGuide
 from tokenization import load_tokenizer
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> list[Record]:
             biggest,
             tok.vocab_rows,
             batch_threshold=config.fill_batch_threshold,
-            max_threads=config.fill_threads,
+            max_threads=fill_threads_for(config.fill_threads),
             guard=guard,
         )
 
@@ -275,6 +275,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                         "peer": info,
                         "masks": checks,
                         "max_whitespace": config.max_whitespace,
+                        "fill_threads": fill_threads_for(config.fill_threads),
                     },
                     env=env,
                 )

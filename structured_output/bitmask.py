@@ -7,6 +7,7 @@ step's host-to-device copy can still be in flight while the next step is filled.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Sequence
@@ -22,6 +23,20 @@ if TYPE_CHECKING:
 
 def bitmask_words(vocab_rows: int) -> int:
     return (vocab_rows + 31) // 32
+
+
+def fill_threads_for(setting: int, cpus: int | None = None) -> int:
+    """The threads of a batched fill for the ``fill_threads`` setting: itself where
+    given (> 0), else one per two CPUs the process may run on (``cpus``: those of its
+    affinity), at least 2 and at most 8. A fill runs beside the step's other work (the
+    forward pass, the sampler), so half the CPUs; vLLM sizes its fill pool the same
+    way (at most 8), and a fixed 2 left most of a large host idle at 128 rows and up."""
+    if setting > 0:
+        return setting
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        cpus = cpus or os.cpu_count() or 2
+    return max(2, min(8, cpus // 2))
 
 
 class FilledMask:

@@ -56,4 +56,9 @@ class StructuredOutputConfig:
         "masks of this many rows or more are filled by one batched call on threads; "
         "fewer, by a loop",
     )
-    fill_threads: int = _opt(2, "threads of the batched mask fill")
+    fill_threads: int = _opt(
+        0,
+        "threads of the batched mask fill; 0: one per two CPUs this process may run on, "
+        "at least 2 and at most 8 (`bitmask.fill_threads_for`)",
+        default_text="0 (auto)",
+    )

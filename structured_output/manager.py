@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from reasoning import ParserCache, ReasoningParser
 
-from .bitmask import BitmaskFiller, FilledMask
+from .bitmask import BitmaskFiller, FilledMask, fill_threads_for
 from .compile_service import CompileService
 from .config import StructuredOutputConfig
 from .guard import GuardedMatcher, GuardTable
@@ -87,7 +87,7 @@ class StructuredOutputManager:
                 pin_memory=pin_memory,
                 num_buffers=2 if pin_memory else 1,
                 batch_threshold=config.fill_batch_threshold,
-                max_threads=config.fill_threads,
+                max_threads=fill_threads_for(config.fill_threads),
             )
         except BaseException:
             self.compiler.close()  # its workers, started already

@@ -1,0 +1,79 @@
+"""How many threads share a batched fill, and that many of them fill what one does."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from structured_output import CompileOptions, GrammarSpec, LocalCompiler
+from structured_output.bitmask import BitmaskFiller, fill_threads_for
+from structured_output.config import StructuredOutputConfig
+from structured_output.guide import RequestGuide
+
+
+@pytest.mark.parametrize(
+    ("cpus", "threads"), [(1, 2), (2, 2), (4, 2), (6, 3), (16, 8), (17, 8), (64, 8)]
+)
+def test_auto_takes_one_thread_per_two_cpus_from_2_to_8(cpus, threads):
+    assert fill_threads_for(0, cpus) == threads
+
+
+def test_a_given_count_is_kept_and_auto_reads_the_process_affinity():
+    assert fill_threads_for(5, cpus=64) == 5
+    assert fill_threads_for(1, cpus=64) == 1
+    assert StructuredOutputConfig().fill_threads == 0  # the engine's default is auto
+    cpus = len(os.sched_getaffinity(0))
+    assert fill_threads_for(0) == max(2, min(8, cpus // 2))
+
+
+def test_eight_threads_fill_what_a_loop_fills(qwen3):
+    """Eight threads on whatever CPUs there are: the masks of many rows in many
+    states, over several fills, equal the row-by-row loop's, guard included."""
+    lc = LocalCompiler(qwen3, CompileOptions(max_whitespace=16))
+    schemas = [
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}},
+        {"type": "array", "items": {"type": "number"}},
+        {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}},
+    ]
+    grammars = [lc.compile(GrammarSpec.of("json_schema", json.dumps(s))) for s in schemas]
+    texts = ['{"a": "x y', "[1.5, 2, -3", '{\n  "tags": ["p", "q']
+    rng = random.Random(7)
+    guides = []
+    for i in range(96):
+        m = lc.matcher(grammars[i % 3])
+        text = texts[i % 3]
+        assert m.accept_string(text[: rng.randrange(len(text) + 1)])
+        guides.append(RequestGuide(None, m))
+    rows = list(range(len(guides)))
+    threaded = BitmaskFiller(len(rows), qwen3.vocab_rows, batch_threshold=1, max_threads=8)
+    looped = BitmaskFiller(len(rows), qwen3.vocab_rows, batch_threshold=10**6)
+    threaded.guard = looped.guard = lc.guard
+    try:
+        assert threaded._shared.helpers == 7
+        expected = looped.fill(rows, guides).buffer.clone()
+        assert len({tuple(r.tolist()[:64]) for r in expected.numpy()}) >= 3  # masks differ
+        for _ in range(20):
+            got = threaded.fill(rows, guides)
+            assert torch.equal(got.buffer, expected)
+            assert np.array_equal(np.sort(got.rows), rows)
+    finally:
+        threaded.close()
+
+
+def test_the_engine_fills_on_the_threads_its_setting_resolves_to(qwen3):
+    from structured_output.manager import StructuredOutputManager
+
+    for setting in (0, 3):
+        config = StructuredOutputConfig(compile_workers=0, fill_threads=setting)
+        manager = StructuredOutputManager(
+            qwen3, reasoning_parser=None, max_num_seqs=8, config=config
+        )
+        try:
+            assert manager.filler._shared.helpers == fill_threads_for(setting) - 1
+        finally:
+            manager.close()
