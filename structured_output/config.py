@@ -59,6 +59,6 @@ class StructuredOutputConfig:
     fill_threads: int = _opt(
         0,
         "threads of the batched mask fill; 0: one per two CPUs this process may run on, "
-        "at least 2 and at most 8 (`bitmask.fill_threads_for`)",
+        "at least 2 and at most 8",
         default_text="0 (auto)",
     )
