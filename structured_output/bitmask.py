@@ -144,10 +144,10 @@ class BitmaskFiller:
     """Fills the rows of the batch whose grammar is active.
 
     Below ``batch_threshold`` rows a plain loop over the matchers is used; it also
-    learns which rows restrict nothing and skips them. From ``batch_threshold`` rows
-    on, ``max_threads`` threads share the rows (`SharedFill`). Then ``guard``
-    (`guard.py`) combines each row of a `GuardedMatcher` with the mask of its state,
-    for all rows at once.
+    learns which rows restrict nothing and skips them, and ``guard`` (`guard.py`)
+    combines each row of a `GuardedMatcher` with the mask of its state right after the
+    row's fill. From ``batch_threshold`` rows on, ``max_threads`` threads share the rows
+    (`SharedFill`), and the guard then takes all rows at once.
     """
 
     def __init__(
@@ -192,18 +192,24 @@ class BitmaskFiller:
         if not rows:
             return FilledMask(buf, np.empty(0, dtype=np.int64))
         matchers = [g.matcher for g in guides]
+        guard = self.guard
         if len(rows) >= self.batch_threshold:
             self._shared.fill(matchers, buf, list(rows))
             active = np.asarray(rows, dtype=np.int64)
-        else:
+            if guard is not None:
+                guard.apply(view, rows, matchers)
+        else:  # each row guarded right after its fill, while its words are in cache
             fill = self._fill_one
-            active = np.asarray(
-                [r for r, m in zip(rows, matchers, strict=True) if fill(m, buf, r)], np.int64
-            )
-        if self.guard is not None:
-            changed = self.guard.apply(view, rows, matchers)
-            if len(changed) and len(active) < len(rows):
-                active = np.union1d(active, changed)
+            guard_one = guard.apply_one if guard is not None else None
+            kept = []
+            for r, m in zip(rows, matchers, strict=True):
+                restricts = fill(m, buf, r)
+                q = getattr(m, "guard_state", -1)
+                if guard_one is not None and q >= 0 and guard_one(view, r, q, m.guard_lenient):
+                    restricts = True
+                if restricts:
+                    kept.append(r)
+            active = np.asarray(kept, dtype=np.int64)
         alone: list[int] = []  # rows whose mask is their extra ids alone
         for r, g in zip(rows, guides, strict=True):
             extra = g.extra_allowed()
