@@ -100,6 +100,50 @@ def p90(x: np.ndarray) -> float:
     return float(np.percentile(x, 90))
 
 
+def helper_start_us(samples: int = 100, busy_bytes: int = 1 << 20) -> float:
+    """Median delay from handing a waiting thread a job to its starting it, while the
+    handing thread goes on working without the GIL, as a threaded fill does (SHA-256
+    of ``busy_bytes``, a few hundred µs). Every fill on helper threads pays it before a
+    helper takes its first chunk, and once more when the filling thread must wait for
+    a helper's last one. A few µs where an idle CPU wakes at once; far more on virtual
+    machines whose idle vCPUs halt or whose scheduler packs threads onto one vCPU,
+    which is what caps the gain of threads at mid-size batches there."""
+    import hashlib
+    import queue
+    import threading
+
+    jobs: queue.SimpleQueue[float | None] = queue.SimpleQueue()
+    starts: queue.SimpleQueue[float] = queue.SimpleQueue()
+
+    def helper() -> None:
+        while (sent := jobs.get()) is not None:
+            starts.put(time.perf_counter() - sent)
+
+    thread = threading.Thread(target=helper, name="bench-helper-start", daemon=True)
+    thread.start()
+    data = bytes(busy_bytes)
+    delays = []
+    try:
+        for _ in range(samples):
+            time.sleep(0.001)  # the helper waits, as between two steps
+            jobs.put(time.perf_counter())
+            hashlib.sha256(data).digest()  # without the GIL
+            delays.append(starts.get())
+    finally:
+        jobs.put(None)
+        thread.join()
+    return p50(np.asarray(delays)) * 1e6
+
+
+def threads_line(extra: dict[str, Any]) -> str:
+    """The footer of a fill table: its threads and how late a helper starts."""
+    return (
+        f"fill threads: {extra.get('fill_threads')}; a waiting helper starts "
+        f"{extra.get('helper_start_us')} µs after it is handed a job (median, "
+        "bench.common.helper_start_us)"
+    )
+
+
 # ----- records -------------------------------------------------------------------
 
 

@@ -41,7 +41,16 @@ from structured_output.bitmask import BitmaskFiller, fill_threads_for
 from structured_output.guide import RequestGuide
 
 from . import states
-from .common import Method, Record, environment, p50, pair_records, side_by_side
+from .common import (
+    Method,
+    Record,
+    environment,
+    helper_start_us,
+    p50,
+    pair_records,
+    side_by_side,
+    threads_line,
+)
 from .common import _us as us
 
 METHODS = ("engine", "baseline", "loop", "bound_off", "unguarded")
@@ -123,6 +132,7 @@ def _ordinary_words(vocab: states.Vocab) -> np.ndarray:
 def run(args: argparse.Namespace) -> list[Record]:
     cuda = args.device.startswith("cuda")
     env = environment()
+    start_delay = round(helper_start_us(), 1)
     records: list[Record] = []
     biggest = max(args.batch_sizes)
     for vocab_name in args.vocabs:
@@ -162,6 +172,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                     "baseline_alloc_median_us": round(p50(alloc), 1),
                     "batch_threshold": engine.batch_threshold,
                     "fill_threads": fill_threads_for(args.fill_threads),
+                    "helper_start_us": start_delay,
                     "max_whitespace": states.guard(vocab_name).limit,
                     "mean_prefix_tokens": round(sum(len(r.prefix) for r in rows[:b]) / b, 1),
                 },
@@ -192,4 +203,6 @@ def table(records: Sequence[Record]) -> str:
             f"  {us(m['bound_off'].median_us):>10}{e / m['bound_off'].median_us:>6.2f}x"
             f"  {us(m['unguarded'].median_us):>10}{e / m['unguarded'].median_us:>6.2f}x"
         )
+    if records:
+        lines.append(threads_line(records[0].extra))
     return "\n".join(lines)

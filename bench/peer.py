@@ -41,7 +41,7 @@ from structured_output.guide import RequestGuide
 from tokenization import load_tokenizer
 
 from . import states
-from .common import Record, environment, p50, p90
+from .common import Record, environment, helper_start_us, p50, p90, threads_line
 
 _WORDS = ["alpha", "Zürich", "東京", "report", 'say "hi"', "a/b", "x", "", "2024-05-17", "🙂"]
 
@@ -176,6 +176,7 @@ def _peer_tokenizer(python: str, given: str | None) -> str:
 
 def run(args: argparse.Namespace) -> list[Record]:
     env = environment()
+    start_delay = round(helper_start_us(), 1)
     tok = load_tokenizer("qwen3")
     biggest = max(args.batch_sizes)
     rng = random.Random(args.seed)
@@ -276,6 +277,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                         "masks": checks,
                         "max_whitespace": config.max_whitespace,
                         "fill_threads": fill_threads_for(config.fill_threads),
+                        "helper_start_us": start_delay,
                     },
                     env=env,
                 )
@@ -338,4 +340,6 @@ def table(records: list[Record]) -> str:
         )
     load = records[0].extra["loadavg_1m"] if records else []
     lines.append(f"load average (1 min) at each round's start and at the end: {load}")
+    if records:
+        lines.append(threads_line(records[0].extra))
     return "\n".join(lines)
