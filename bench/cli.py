@@ -25,6 +25,7 @@ MODULES = {
     "latency": "latency",
     "http": "http_api",
     "startup": "startup",
+    "strings": "strings",
 }
 #: benches of an engine line against a baseline line per size (`pair_table`, `pair_plot`)
 PAIRED = ("fill", "apply")
@@ -314,6 +315,13 @@ def parser() -> argparse.ArgumentParser:
         default=["qwen3"],
         help="comma-separated: qwen3,o200k_harmony (default qwen3)",
     )
+    p = sub.add_parser(
+        "strings",
+        help="decoding documents token by token: how much of the fill time is spent inside "
+        "JSON strings whose parser state (and mask) repeats from the string's previous step",
+    )
+    _common(p, iters=0, warmup=0)
+    p.add_argument("--docs", type=int, default=60, help="documents per grammar (default 60)")
     return ap
 
 
@@ -347,14 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"thinkgate bench {args.bench}: {why}")
         return 0
-    timed = (
-        f"{args.requests} requests"
-        if args.bench in ("latency", "http")
-        else f"{args.iters} timed iterations"
-    )
+    if args.bench in ("latency", "http"):
+        timed = f"{args.requests} requests"
+    elif args.bench == "strings":
+        timed = f"{args.docs} documents per grammar, every token's fill timed"
+    else:
+        timed = f"{args.iters} timed iterations after {args.warmup} warm-up"
     print(
         f"thinkgate bench {args.bench}: device {device_name(args.device)}, seed {args.seed}, "
-        f"{timed} after {args.warmup} warm-up",
+        f"{timed}",
         flush=True,
     )
     t0 = time.perf_counter()

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench import summary
+from bench import states, summary
 from bench.cli import main
 
 REQUIRED = {"bench", "device", "vocab_rows", "batch_size", "method", "median_us", "p90_us"}
@@ -181,3 +181,17 @@ def test_drafts(tmp_path):
     assert on["tokens_per_request"] == off["tokens_per_request"]  # the same answers
     assert on["passes"] < off["passes"] and on["acceptance"] > 0.5
     assert (got["nomatch", 4]["acceptance"] or 0.0) < 0.2  # None: nothing was proposed
+
+
+def test_strings(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["strings", "--docs", "3", "--json", str(out)]) == 0
+    records = _records(out)
+    assert [r["method"] for r in records] == list(states.GRAMMARS)
+    for r in records:
+        x = r["extra"]
+        assert x["steps"] >= x["in_string_steps"] >= x["repeats"]
+        # equal parser states inside one string gave equal masks, every time
+        assert x["repeats_with_equal_masks"] == x["repeats"]
+    assert sum(r["extra"]["repeats"] for r in records) > 0
+    assert "equal masks" in capsys.readouterr().out
