@@ -297,7 +297,11 @@ class GuardTable:
         self._needs_from_minus_one = np.concatenate(([False], needs))  # -1: no guard
         self._needs_list = needs.tolist()
         self._dense_list = dense.tolist()
-        self._offsets_list, self._lengths_list = offsets.tolist(), lengths.tolist()
+        #: per key with a sparse mask: its words and their values (views, for `apply_one`)
+        self._sparse_list: list[tuple[np.ndarray, np.ndarray] | None] = [
+            (self._words[o : o + k], self._vals[o : o + k]) if k else None
+            for o, k in zip(offsets.tolist(), lengths.tolist(), strict=True)
+        ]
 
     def _pad(self) -> None:
         """The sparse masks again, one row per key that has one (``_pad_row``; row 0
@@ -410,14 +414,15 @@ class GuardTable:
             q += self._num_states
         if not self._needs_list[q]:
             return False
-        if self._dense_list[q]:
+        sparse = self._sparse_list[q]
+        if sparse is None:  # a whole-row mask
             sub = view[row] & self._full[self._full_index[q]]
             if sub.any():
                 view[row] = sub
         else:
-            o, k = self._offsets_list[q], self._lengths_list[q]
+            at, vals = sparse
             words = view[row]
-            words[self._words[o : o + k]] &= self._vals[o : o + k]
+            words[at] &= vals
         return True
 
 
