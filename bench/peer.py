@@ -28,7 +28,6 @@ import os
 import random
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,16 @@ from structured_output.guide import RequestGuide
 from tokenization import load_tokenizer
 
 from . import states
-from .common import Record, environment, helper_start_us, p50, p90, threads_line
+from .common import (
+    Method,
+    Record,
+    environment,
+    helper_start_us,
+    p50,
+    p90,
+    side_by_side,
+    threads_line,
+)
 
 _WORDS = ["alpha", "Zürich", "東京", "report", 'say "hi"', "a/b", "x", "", "2024-05-17", "🙂"]
 
@@ -233,13 +241,26 @@ def run(args: argparse.Namespace) -> list[Record]:
         for rnd in range(args.rounds):
             loads.append(os.getloadavg()[0])
             for b in args.batch_sizes:
-                order = ["vllm", "engine", "bound_off", "unguarded"]
-                for side in order if rnd % 2 == 0 else reversed(order):
-                    if side == "vllm":
+                # vLLM in its process, then the engine's three fillers interleaved step
+                # by step (or the other way round, by round): the engine's own ratios are
+                # paired per step, the ratio to vLLM per round
+                for part in ("vllm", "ours") if rnd % 2 == 0 else ("ours", "vllm"):
+                    if part == "vllm":
                         got = peer.ask(cmd="time", batch=b, steps=args.iters)["times_us"]
-                    else:
-                        got = _time_ours(fillers[side], guides[side][:b], args.iters)
-                    times[b].setdefault(side, []).extend(got[args.warmup :])
+                        times[b].setdefault("vllm", []).extend(got[args.warmup :])
+                        continue
+                    index = list(range(b))
+                    ours = side_by_side(
+                        {
+                            side: _fill(fillers[side], index, guides[side][:b])
+                            for side in ("engine", "bound_off", "unguarded")
+                        },
+                        iters=args.iters - args.warmup,
+                        warmup=args.warmup,
+                        device="cpu",
+                    )
+                    for side, got in ours.items():
+                        times[b].setdefault(side, []).extend(got.tolist())
         loads.append(os.getloadavg()[0])
     finally:
         peer.close()
@@ -285,14 +306,8 @@ def run(args: argparse.Namespace) -> list[Record]:
     return records
 
 
-def _time_ours(filler: BitmaskFiller, guides: list[RequestGuide], steps: int) -> list[float]:
-    index = list(range(len(guides)))
-    out = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        filler.fill(index, guides)
-        out.append((time.perf_counter() - t0) * 1e6)
-    return out
+def _fill(filler: BitmaskFiller, index: list[int], guides: list[RequestGuide]) -> Method:
+    return lambda: lambda: filler.fill(index, guides)
 
 
 def _check(
