@@ -31,6 +31,8 @@ def fill_threads_for(setting: int, cpus: int | None = None) -> int:
     affinity), at least 2 and at most 8. A fill runs beside the step's other work (the
     forward pass, the sampler), so half the CPUs; vLLM sizes its fill pool the same
     way (at most 8), and a fixed 2 left most of a large host idle at 128 rows and up."""
+    if setting < 0:
+        raise ValueError(f"fill threads must be 0 (one per two CPUs) or more, not {setting}")
     if setting > 0:
         return setting
     if cpus is None:

@@ -26,6 +26,8 @@ def test_auto_takes_one_thread_per_two_cpus_from_2_to_8(cpus, threads):
 def test_a_given_count_is_kept_and_auto_reads_the_process_affinity():
     assert fill_threads_for(5, cpus=64) == 5
     assert fill_threads_for(1, cpus=64) == 1
+    with pytest.raises(ValueError, match="0 .one per two CPUs. or more"):
+        fill_threads_for(-1)
     assert StructuredOutputConfig().fill_threads == 0  # the engine's default is auto
     cpus = len(os.sched_getaffinity(0))
     assert fill_threads_for(0) == max(2, min(8, cpus // 2))
