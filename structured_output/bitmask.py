@@ -7,10 +7,12 @@ step's host-to-device copy can still be in flight while the next step is filled.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,18 +29,43 @@ def bitmask_words(vocab_rows: int) -> int:
 
 def fill_threads_for(setting: int, cpus: int | None = None) -> int:
     """The threads of a batched fill for the ``fill_threads`` setting: itself where
-    given (> 0), else one per two CPUs the process may run on (``cpus``: those of its
-    affinity), at least 2 and at most 8. A fill runs beside the step's other work (the
-    forward pass, the sampler), so half the CPUs; vLLM sizes its fill pool the same
-    way (at most 8), and a fixed 2 left most of a large host idle at 128 rows and up."""
+    given (> 0), else one per two CPUs the process may run on (``cpus``: `usable_cpus`),
+    at least 2 and at most 8. A fill runs beside the step's other work (the forward
+    pass, the sampler), so half the CPUs; vLLM sizes its fill pool the same way (at
+    most 8), and a fixed 2 left most of a large host idle at 128 rows and up."""
     if setting < 0:
         raise ValueError(f"fill threads must be 0 (one per two CPUs) or more, not {setting}")
     if setting > 0:
         return setting
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
-        cpus = cpus or os.cpu_count() or 2
-    return max(2, min(8, cpus // 2))
+    return max(2, min(8, (usable_cpus() if cpus is None else cpus) // 2))
+
+
+def usable_cpus(cgroup: str = "/sys/fs/cgroup") -> int:
+    """The CPUs this process may run on (its affinity), or fewer where its cgroup's CPU
+    quota allows fewer (a container's CPU limit: cgroup v2 ``cpu.max``, or v1's
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), rounded up."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    cpus = cpus or os.cpu_count() or 1
+    quota = _cgroup_quota(cgroup)
+    return min(cpus, max(1, math.ceil(quota))) if quota is not None else cpus
+
+
+def _cgroup_quota(root: str) -> float | None:
+    """CPUs' worth of time per period the cgroup allows; None: no limit or none found."""
+    base = Path(root)
+    try:
+        fields = (base / "cpu.max").read_text().split()
+        if len(fields) == 2 and fields[0] != "max":
+            return int(fields[0]) / int(fields[1])
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((base / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((base / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 class FilledMask:

@@ -58,7 +58,7 @@ class StructuredOutputConfig:
     )
     fill_threads: int = _opt(
         0,
-        "threads of the batched mask fill; 0: one per two CPUs this process may run on, "
-        "at least 2 and at most 8",
+        "threads of the batched mask fill; 0: one per two CPUs this process may use (its "
+        "CPU affinity, or its container's CPU limit where lower), at least 2 and at most 8",
         default_text="0 (auto)",
     )

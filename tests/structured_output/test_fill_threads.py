@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from structured_output import CompileOptions, GrammarSpec, LocalCompiler
-from structured_output.bitmask import BitmaskFiller, fill_threads_for
+from structured_output.bitmask import BitmaskFiller, fill_threads_for, usable_cpus
 from structured_output.config import StructuredOutputConfig
 from structured_output.guide import RequestGuide
 
@@ -29,8 +29,29 @@ def test_a_given_count_is_kept_and_auto_reads_the_process_affinity():
     with pytest.raises(ValueError, match="0 .one per two CPUs. or more"):
         fill_threads_for(-1)
     assert StructuredOutputConfig().fill_threads == 0  # the engine's default is auto
-    cpus = len(os.sched_getaffinity(0))
-    assert fill_threads_for(0) == max(2, min(8, cpus // 2))
+    assert fill_threads_for(0) == max(2, min(8, usable_cpus() // 2))
+    assert usable_cpus() <= len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    ("files", "cpus"),
+    [
+        ({"cpu.max": "max 100000\n"}, None),  # v2, no limit
+        ({"cpu.max": "250000 100000\n"}, 3),  # v2: 2.5 CPUs, rounded up
+        ({"cpu.max": "50000 100000\n"}, 1),
+        ({"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4),  # v1
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),  # no cgroup files
+    ],
+)
+def test_a_containers_cpu_limit_caps_the_usable_cpus(tmp_path, files, cpus):
+    """A container limited to a few CPUs on a large host gets threads for those few."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    affinity = len(os.sched_getaffinity(0))
+    expected = affinity if cpus is None else min(affinity, cpus)
+    assert usable_cpus(str(tmp_path)) == expected
 
 
 def test_eight_threads_fill_what_a_loop_fills(qwen3):
