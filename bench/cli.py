@@ -120,6 +120,12 @@ def parser() -> argparse.ArgumentParser:
         help="the peer's Qwen3 tokenizer folder (default: qwen3-tokenizer beside its venv)",
     )
     p.add_argument("--rounds", type=int, default=5, help="with --peer-python: rounds (default 5)")
+    p.add_argument(
+        "--walk",
+        action="store_true",
+        help="decode: before each timed step every row accepts its document's next token "
+        "(untimed), as in serving; without it, every step fills the same states",
+    )
     p = sub.add_parser(
         "apply",
         help="apply + sample per step: engine vs apply_token_bitmask_inplace "

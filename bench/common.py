@@ -72,17 +72,25 @@ Method = Callable[[], Callable[[], Any]]
 
 
 def side_by_side(
-    methods: dict[str, Method], *, iters: int, warmup: int, device: str
+    methods: dict[str, Method],
+    *,
+    iters: int,
+    warmup: int,
+    device: str,
+    between: Callable[[], Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Time each method ``warmup + iters`` times, in a new order each round (seeded):
     what ran just before a method (whose memory it evicted from the caches, whose
     threads are still winding down) is then any of the others alike, not always the
-    same neighbour. Returns the ``iters`` timed durations (µs) of each."""
+    same neighbour. ``between``, untimed, runs before each round (the next step of a
+    decode). Returns the ``iters`` timed durations (µs) of each."""
     clock = timer(device)
     names = list(methods)
     out: dict[str, list[float]] = {n: [] for n in names}
     order = random.Random(len(names) * 1000 + iters)
     for i in range(warmup + iters):
+        if between is not None:
+            between()
         order.shuffle(names)
         for name in names:
             call = methods[name]()

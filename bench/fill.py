@@ -154,7 +154,12 @@ def run(args: argparse.Namespace) -> list[Record]:
         for b in args.batch_sizes:
             methods = _methods(engine, bound_off, unguarded, rows[:b], v.vocab_rows, cuda)
             check(v, rows[:b], methods["engine"]()().buffer, methods)
-            times = side_by_side(methods, iters=args.iters, warmup=args.warmup, device=args.device)
+            walk = (lambda rows=rows[:b]: states.advance(rows)) if args.walk else None
+            times = side_by_side(
+                methods, iters=args.iters, warmup=args.warmup, device=args.device, between=walk
+            )
+            if args.walk:  # the masks agree where the walk stopped too
+                check(v, rows[:b], methods["engine"]()().buffer, methods)
             alloc = times.pop("alloc")
             records += pair_records(
                 "fill",
@@ -175,6 +180,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                     "helper_start_us": start_delay,
                     "max_whitespace": states.guard(vocab_name).limit,
                     "mean_prefix_tokens": round(sum(len(r.prefix) for r in rows[:b]) / b, 1),
+                    "walk": args.walk,
                 },
             )
     return records

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -401,12 +401,38 @@ class Row:
     #: the engine's matcher (`structured_output.guard.GuardedMatcher`), advanced to the
     #: row's state
     matcher: Any
-    prefix: list[int]  # the tokens it accepted
+    prefix: list[int]  # the tokens it accepted when made
     next_token: int  # the document's next token (allowed by construction)
     #: the same state in the grammar a vLLM user compiles (`peer_compiled`), or None
     peer: Any = None
     #: the same state in a matcher of the engine with the whitespace bound off, or None
     unbounded: Any = None
+    #: the whole document and how much of it the matchers accepted, for `advance`
+    document: list[int] = field(default_factory=list)
+    position: int = 0
+
+    def matchers(self) -> list[Any]:
+        return [m for m in (self.matcher, self.peer, self.unbounded) if m is not None]
+
+
+def advance(rows: list[Row]) -> None:
+    """One decode step: every row's matchers accept its document's next token; a row
+    whose document is written starts it again from its first prefix."""
+    for r in rows:
+        ms = r.matchers()
+        if r.next_token < 0:  # the document is written
+            for m in ms:
+                m.reset()
+            ids = r.document[: len(r.prefix)]
+            if not all(m.accept_token(t) for t in ids for m in ms):
+                raise AssertionError(f"{r.grammar} rejected its own document again")
+            at = len(r.prefix)
+        else:
+            if not all(m.accept_token(r.next_token) for m in ms):
+                raise AssertionError(f"{r.grammar} rejected the next token of its document")
+            at = r.position + 1
+        r.position = at
+        r.next_token = r.document[at] if at < len(r.document) else -1
 
 
 def make_rows(
@@ -450,7 +476,7 @@ def make_rows(
             if not all(x.accept_token(t) for x in (m, twin, free) if x is not None):
                 text = v.tokenizer.decode(ids)
                 raise AssertionError(f"{g} rejected token {t} of its own document {text!r}")
-        rows.append(Row(g, m, ids[:cut], ids[cut], twin, free))
+        rows.append(Row(g, m, ids[:cut], ids[cut], twin, free, ids, cut))
     return rows
 
 

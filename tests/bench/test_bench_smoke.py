@@ -43,6 +43,28 @@ def test_pair_bench(bench, tmp_path, capsys):
     assert "baseline / engine" in capsys.readouterr().out
 
 
+def test_fill_walks_rows_through_their_documents(tmp_path):
+    """``--walk``: each timed step follows one more token of every row's document (a
+    row whose document is written starts it again), and the masks still agree after
+    (the bench checks them, and raises where they differ)."""
+    rows = states.make_rows("qwen3", 4, 0, peer=True, unbounded=True)
+    start = [r.position for r in rows]
+    for _ in range(3):
+        states.advance(rows)
+    for r, s in zip(rows, start, strict=True):
+        left = len(r.document) - s
+        assert r.position == (s + 3 if left >= 3 else len(r.prefix) + (3 - left - 1))
+        assert r.matcher.guard_state >= 0
+    r = min(rows, key=lambda r: len(r.document) - r.position)  # the end, then again
+    for _ in range(len(r.document) - r.position + 2):
+        states.advance([r])
+    assert r.position == len(r.prefix) + 1
+    assert r.next_token == r.document[len(r.prefix) + 1]
+    out = tmp_path / "r.json"
+    assert main(["fill", *SMALL, "--walk", "--json", str(out)]) == 0
+    assert all(r["extra"]["walk"] for r in _records(out) if r["method"] == "engine")
+
+
 def test_e2e(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     args = [
