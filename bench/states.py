@@ -402,7 +402,6 @@ class Row:
     #: row's state
     matcher: Any
     prefix: list[int]  # the tokens it accepted when made
-    next_token: int  # the document's next token (allowed by construction)
     #: the same state in the grammar a vLLM user compiles (`peer_compiled`), or None
     peer: Any = None
     #: the same state in a matcher of the engine with the whitespace bound off, or None
@@ -410,6 +409,11 @@ class Row:
     #: the whole document and how much of it the matchers accepted, for `advance`
     document: list[int] = field(default_factory=list)
     position: int = 0
+
+    @property
+    def next_token(self) -> int:
+        """The document's next token (allowed by construction); -1 once it is written."""
+        return self.document[self.position] if self.position < len(self.document) else -1
 
     def matchers(self) -> list[Any]:
         return [m for m in (self.matcher, self.peer, self.unbounded) if m is not None]
@@ -423,16 +427,13 @@ def advance(rows: list[Row]) -> None:
         if r.next_token < 0:  # the document is written
             for m in ms:
                 m.reset()
-            ids = r.document[: len(r.prefix)]
-            if not all(m.accept_token(t) for t in ids for m in ms):
+            if not all(m.accept_token(t) for t in r.prefix for m in ms):
                 raise AssertionError(f"{r.grammar} rejected its own document again")
-            at = len(r.prefix)
+            r.position = len(r.prefix)
+        elif all(m.accept_token(r.next_token) for m in ms):
+            r.position += 1
         else:
-            if not all(m.accept_token(r.next_token) for m in ms):
-                raise AssertionError(f"{r.grammar} rejected the next token of its document")
-            at = r.position + 1
-        r.position = at
-        r.next_token = r.document[at] if at < len(r.document) else -1
+            raise AssertionError(f"{r.grammar} rejected the next token of its document")
 
 
 def make_rows(
@@ -476,7 +477,7 @@ def make_rows(
             if not all(x.accept_token(t) for x in (m, twin, free) if x is not None):
                 text = v.tokenizer.decode(ids)
                 raise AssertionError(f"{g} rejected token {t} of its own document {text!r}")
-        rows.append(Row(g, m, ids[:cut], ids[cut], twin, free, ids, cut))
+        rows.append(Row(g, m, ids[:cut], twin, free, ids, cut))
     return rows
 
 
