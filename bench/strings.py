@@ -27,6 +27,7 @@ import time
 import torch
 import xgrammar as xgr
 
+from structured_output.bitmask import bitmask_words
 from structured_output.guard import GuardedMatcher
 from structured_output.lexing import STR
 from structured_output.utf8 import DONE
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> list[Record]:
     table = states.guard("qwen3")
     stops = list(v.tokenizer.stop_token_ids)
     quote = [b'"' in b for b in v.token_bytes]
-    mask = torch.zeros((1, (v.vocab_rows + 31) // 32), dtype=torch.int32)
+    mask = torch.zeros((1, bitmask_words(v.vocab_rows)), dtype=torch.int32)
     fill = xgr.GrammarMatcher.fill_next_token_bitmask
     rng = random.Random(args.seed)
     records = []
