@@ -69,6 +69,7 @@ def _methods(
     b = len(rows)
     guides = [RequestGuide(None, r.matcher) for r in rows]
     free = [RequestGuide(None, r.unbounded) for r in rows]
+    bare = [RequestGuide(None, r.bare) for r in rows]
     ours = [r.matcher for r in rows]
     theirs = [r.peer for r in rows]
     index = list(range(b))
@@ -88,7 +89,7 @@ def _methods(
         "baseline": lambda: lambda: loop(theirs),
         "loop": lambda: lambda: loop(ours),
         "bound_off": lambda: lambda: bound_off.fill(index, free),
-        "unguarded": lambda: lambda: unguarded.fill(index, guides),
+        "unguarded": lambda: lambda: unguarded.fill(index, bare),
         #: the per-step allocation alone, to tell the loops' two costs apart
         "alloc": lambda: fresh,
     }
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> list[Record]:
     for vocab_name in args.vocabs:
         v = states.vocab(vocab_name)
         rows = states.make_rows(
-            vocab_name, biggest, args.seed, args.grammars, peer=True, unbounded=True
+            vocab_name, biggest, args.seed, args.grammars, peer=True, unbounded=True, bare=True
         )
         engine, bound_off, unguarded = (
             BitmaskFiller(
@@ -154,9 +155,12 @@ def run(args: argparse.Namespace) -> list[Record]:
         for b in args.batch_sizes:
             methods = _methods(engine, bound_off, unguarded, rows[:b], v.vocab_rows, cuda)
             check(v, rows[:b], methods["engine"]()().buffer, methods)
-            walk = (lambda rows=rows[:b]: states.advance(rows)) if args.walk else None
+            if args.walk:
+                step = lambda rows=rows[:b]: states.advance(rows)  # noqa: E731
+            else:  # the same states every step: each fill is their first
+                step = states.first_fills(rows[:b])
             times = side_by_side(
-                methods, iters=args.iters, warmup=args.warmup, device=args.device, between=walk
+                methods, iters=args.iters, warmup=args.warmup, device=args.device, between=step
             )
             if args.walk:  # the masks agree where the walk stopped too
                 check(v, rows[:b], methods["engine"]()().buffer, methods)

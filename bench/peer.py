@@ -207,8 +207,10 @@ def run(args: argparse.Namespace) -> list[Record]:
 
     guides: dict[str, list[RequestGuide]] = {}
     fillers: dict[str, BitmaskFiller] = {}
-    for name, bound in (("engine", config.max_whitespace), ("bound_off", None)):
-        local = LocalCompiler(tok, CompileOptions(max_whitespace=bound))
+    bound = config.max_whitespace
+    sides = (("engine", bound), ("bound_off", None), ("unguarded", bound))
+    for name, limit in sides:  # each filler its own matchers (they keep string masks)
+        local = LocalCompiler(tok, CompileOptions(max_whitespace=limit))
         grammars = [local.compile(GrammarSpec.of("json_schema", json.dumps(s))) for s in SCHEMAS]
         matchers = []
         for k, ids in rows:
@@ -217,8 +219,14 @@ def run(args: argparse.Namespace) -> list[Record]:
                 raise AssertionError(f"the engine's grammar rejected a prefix of schema {k}")
             matchers.append(m)
         guides[name] = [RequestGuide(None, m) for m in matchers]
-        fillers[name] = filler(local.guard)
-    guides["unguarded"], fillers["unguarded"] = guides["engine"], filler(None)
+        fillers[name] = filler(local.guard if name != "unguarded" else None)
+
+    def first_fills() -> None:
+        """The states stay put, so each step is their first fill: no kept string mask
+        (`structured_output.string_masks`) is copied that a decode would not keep."""
+        for side in guides.values():
+            for (_, ids), g in zip(rows, side, strict=True):
+                g.matcher.drop_kept(ids[-1] if ids else None)
 
     # the peer's log beside the results, else in the temporary folder (not the tree)
     out_dir = Path(args.json).parent if args.json else Path(tempfile.gettempdir())
@@ -258,6 +266,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                         iters=args.iters - args.warmup,
                         warmup=args.warmup,
                         device="cpu",
+                        between=first_fills,
                     )
                     for side, got in ours.items():
                         times[b].setdefault(side, []).extend(got.tolist())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -409,6 +410,9 @@ class Row:
     #: the whole document and how much of it the matchers accepted, for `advance`
     document: list[int] = field(default_factory=list)
     position: int = 0
+    #: the same state in another matcher of the engine, for a second filler (each
+    #: filler's matchers keep their own string masks), or None
+    bare: Any = None
 
     @property
     def next_token(self) -> int:
@@ -416,7 +420,26 @@ class Row:
         return self.document[self.position] if self.position < len(self.document) else -1
 
     def matchers(self) -> list[Any]:
-        return [m for m in (self.matcher, self.peer, self.unbounded) if m is not None]
+        return [m for m in (self.matcher, self.peer, self.unbounded, self.bare) if m is not None]
+
+    def engine_matchers(self) -> list[Any]:
+        return [m for m in (self.matcher, self.unbounded, self.bare) if m is not None]
+
+
+def first_fills(rows: list[Row]) -> Callable[[], None]:
+    """A hook that makes each row's next fill its first at its state again: the kept
+    string masks (`structured_output.string_masks`) dropped, and the check after the
+    fill asked for where accepting the row's last token asked for it. For the benches
+    that fill the same states step after step, which would otherwise copy kept masks
+    no decode would keep (its state moves every step)."""
+    last = [r.document[r.position - 1] if r.position else None for r in rows]
+
+    def reset() -> None:
+        for r, t in zip(rows, last, strict=True):
+            for m in r.engine_matchers():
+                m.drop_kept(t)
+
+    return reset
 
 
 def advance(rows: list[Row]) -> None:
@@ -444,10 +467,11 @@ def make_rows(
     *,
     peer: bool = False,
     unbounded: bool = False,
+    bare: bool = False,
 ) -> list[Row]:
     """``n`` rows, grammars in turn, each at a random point of its own random document
     (``peer``: each with its twin in `peer_compiled` too; ``unbounded``: and its twin
-    guarded by the table with the bound off)."""
+    guarded by the table with the bound off; ``bare``: and another engine matcher)."""
     import xgrammar as xgr
 
     from structured_output.guard import GuardedMatcher
@@ -473,11 +497,16 @@ def make_rows(
             free = GuardedMatcher(
                 grams[g], bound_off, json_text=grams[g].json_text, override_stop_tokens=stops
             )
+        other = None
+        if bare:
+            other = GuardedMatcher(
+                grams[g], table, json_text=grams[g].json_text, override_stop_tokens=stops
+            )
         for t in ids[:cut]:
-            if not all(x.accept_token(t) for x in (m, twin, free) if x is not None):
+            if not all(x.accept_token(t) for x in (m, twin, free, other) if x is not None):
                 text = v.tokenizer.decode(ids)
                 raise AssertionError(f"{g} rejected token {t} of its own document {text!r}")
-        rows.append(Row(g, m, ids[:cut], twin, free, ids, cut))
+        rows.append(Row(g, m, ids[:cut], twin, free, ids, cut, other))
     return rows
 
 

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .string_masks import keep_if_free
+
 if TYPE_CHECKING:
     from .guard import GuardTable
     from .guide import RequestGuide
@@ -223,7 +225,19 @@ class BitmaskFiller:
         matchers = [g.matcher for g in guides]
         guard = self.guard
         if len(rows) >= self.batch_threshold:
-            self._shared.fill(matchers, buf, list(rows))
+            # rows whose mask is kept (inside a free string) are copied, not filled
+            todo, todo_rows = [], []
+            for r, m in zip(rows, matchers, strict=True):
+                if getattr(m, "keep", 0):
+                    view[r] = m.kept
+                else:
+                    todo.append(m)
+                    todo_rows.append(r)
+            if todo:
+                self._shared.fill(todo, buf, todo_rows)
+            for r, m in zip(todo_rows, todo, strict=True):
+                if getattr(m, "probe", 0):
+                    keep_if_free(m, view[r])
             active = np.asarray(rows, dtype=np.int64)
             if guard is not None:
                 guard.apply(view, rows, matchers)
@@ -232,7 +246,13 @@ class BitmaskFiller:
             guard_one = guard.apply_one if guard is not None else None
             kept = []
             for r, m in zip(rows, matchers, strict=True):
-                restricts = fill(m, buf, r)
+                if getattr(m, "keep", 0):
+                    view[r] = m.kept
+                    restricts = True  # a string's end is always restricted
+                else:
+                    restricts = fill(m, buf, r)
+                    if getattr(m, "probe", 0):
+                        keep_if_free(m, view[r])
                 q = getattr(m, "guard_state", -1)
                 if guard_one is not None and q >= 0 and guard_one(view, r, q, m.guard_lenient):
                     restricts = True

@@ -85,6 +85,7 @@ from .lexing import (
     lex_tokens,
     step,
 )
+from .string_masks import PlainTables, kept_for
 from .utf8 import AFTER_ED, DONE, ERROR, NUM_PENDING
 from .whitespace import refuses_control
 
@@ -148,6 +149,9 @@ class GuardTable:
         self.start_json = self.state(OUT)
         self.start_raw = self.state(RAW)
         self._build_masks(lex)
+        #: which tokens keep a free string's mask (`string_masks`), built when needed
+        self.plain = PlainTables(tb, vocab_rows)
+        self.plain.warm()
 
     def state(self, lex: int, run: int = 0, pending: int = DONE) -> int:
         return (lex * NUM_PENDING + pending) * self.k + run
@@ -479,6 +483,14 @@ class GuardedMatcher(xgr.GrammarMatcher):
         #: its JSON strings refuse raw control characters by themselves
         self.guard_lenient = json_text and bool(getattr(compiled_grammar, "refuses_control", 0))
         self._history: list[int] = []
+        # a mask kept inside a free string (`string_masks`): ``keep`` while the grammar
+        # stands where ``kept`` was filled; ``probe`` after a token that may begin one
+        self._kept = kept_for(compiled_grammar, guard.plain)
+        self._any = self._table = self._kept.any_plain
+        self._check_at = (STR if json_text else RAW) * NUM_PENDING + DONE
+        self.kept: np.ndarray | None = None
+        self.keep = 0
+        self.probe = 1
 
     def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
         if not self._h.accept_token(token_id, debug_print):
@@ -487,7 +499,23 @@ class GuardedMatcher(xgr.GrammarMatcher):
         self._history.append(q)
         c = self._codes[q // self._k][token_id]
         self.guard_state = c if c >= 0 else min(q - c, self._cap)
+        plain = self._table[token_id]
+        if not plain and self.keep:  # it left the string's text: drop the kept mask
+            self.keep, self._table = 0, self._any
+            plain = self._any[token_id]
+        self.probe = plain ^ 1
         return True
+
+    def _forget(self) -> None:
+        self.keep, self.probe, self._table = 0, 1, self._any
+
+    def drop_kept(self, last_token: int | None = None) -> None:
+        """Forget a kept string mask, as if no fill had happened since ``last_token``
+        was accepted (None: since a reset). For the benches that fill one state again
+        and again, every step its first fill."""
+        self._forget()
+        if last_token is not None:
+            self.probe = self._any[last_token] ^ 1
 
     def accept_string(self, input_str: str | bytes, *, debug_print: bool = False) -> bool:
         if not self._h.accept_string(input_str, debug_print):
@@ -495,6 +523,7 @@ class GuardedMatcher(xgr.GrammarMatcher):
         data = input_str.encode("utf-8") if isinstance(input_str, str) else bytes(input_str)
         self._history.append(self.guard_state)
         self.guard_state = self.guard.advance_bytes(self.guard_state, data)
+        self._forget()
         return True
 
     def rollback(self, num_tokens: int = 1) -> None:
@@ -502,11 +531,13 @@ class GuardedMatcher(xgr.GrammarMatcher):
         if num_tokens > 0:
             self.guard_state = self._history[-num_tokens]
             del self._history[-num_tokens:]
+            self._forget()
 
     def reset(self) -> None:
         self._h.reset()
         self.guard_state = self._start
         self._history.clear()
+        self._forget()
 
     def fill_next_token_bitmask(
         self, bitmask: Any, index: int = 0, *, debug_print: bool = False

@@ -1,0 +1,320 @@
+"""Masks kept inside a free JSON string: a fill skipped where it could only repeat.
+
+Inside a JSON string with no limit on its text (no length, pattern, format or enum),
+xgrammar's matcher stands at the start of a *self-loop rule*: one alternative reads a
+character of a class and then the rule again, each other begins with a literal
+character outside that class (the closing quote, a backslash; in a structural tag, the
+first character of an end tag that strings must not contain)::
+
+    basic_string_sub ::= (("\\"") | ([^\\0-\\x1f\\"\\\\\\r\\n] basic_string_sub)
+                          | ("\\\\" basic_escape basic_string_sub))
+
+A token made only of whole characters of that class and none of those literals' first
+characters (the rule's *plain* tokens, `PlainTables`) leads from the rule's start back
+to it, with the same rules waiting for the string's end: what may follow is the same,
+and so is the mask. Most tokens of a string's text are plain, and a fill inside a
+string is among the costliest (every token with a quote is checked against what may
+follow the string).
+
+So a matcher (`guard.GuardedMatcher`), after a fill that follows a token not plain
+(an opening quote, an escape: where a string may begin or resume), reads its parser
+states once (`KeptStrings.check`). Where all stand at the start of one self-loop rule,
+the row's mask is kept, and while only that rule's plain tokens follow, later fills
+copy it instead of asking xgrammar. Any other token, a rollback or a reset drops it.
+
+The rules are read from the compiled grammar's text (rule ``i`` is its line ``i``),
+and a rule's start is told from its other points by stepping a fork of the matcher
+over one plain character, once per grammar, rule and point: at the start (and only
+there) that character leads back to the same point. Where any of this cannot be read
+(an xgrammar that prints grammars or states otherwise), nothing is kept.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+_STATE = re.compile(
+    r"ParserState\(rule_id=(-?\d+), sequence_id=-?\d+, element_id=(-?\d+), "
+    r"rule_start_pos=-?\d+, sub_element_id=(-?\d+)\)"
+)
+_ESCAPES = {"n": 10, "r": 13, "t": 9, "0": 0, "b": 8, "f": 12, "v": 11}
+#: ASCII characters tried, in turn, to tell a rule's start (none ends a JSON string or
+#: begins what follows one)
+_PROBES = "qxzQXZkKjJ"
+
+Ranges = tuple[tuple[int, int], ...]
+#: xgrammar's rule for a JSON string's text, as it prints it
+_JSON_STRING_RULE = (
+    r'basic_string_sub ::= (("\"") | ([^\0-\x1f\"\\\r\n] basic_string_sub) '
+    r'| ("\\" basic_escape basic_string_sub))'
+)
+
+
+# ----- reading the grammar's text ------------------------------------------------------
+
+
+def _char(text: str, i: int) -> tuple[int, int]:
+    """The code point written at ``text[i]`` (an escape or a character) and the index
+    after it."""
+    if text[i] != "\\":
+        return ord(text[i]), i + 1
+    c = text[i + 1]
+    for lead, width in (("x", 2), ("u", 4), ("U", 8)):
+        if c == lead:
+            return int(text[i + 2 : i + 2 + width], 16), i + 2 + width
+    return _ESCAPES.get(c, ord(c)), i + 2
+
+
+def _char_class(text: str) -> tuple[Ranges, bool]:
+    """``[...]`` -> its ranges and whether it is negated."""
+    body, negated, ranges = text[1:-1], False, []
+    i = 0
+    if body.startswith("^"):
+        negated, i = True, 1
+    while i < len(body):
+        lo, i = _char(body, i)
+        hi = lo
+        if i + 1 < len(body) and body[i] == "-":
+            hi, i = _char(body, i + 1)
+        ranges.append((lo, hi))
+    return tuple(ranges), negated
+
+
+def _split_alternatives(body: str) -> list[str] | None:
+    """``((a) | (b) | ...)`` -> ``["a", "b", ...]``; None where it is not that form."""
+    if not (body.startswith("((") and body.endswith("))")):
+        return None
+    parts, depth, start, i = [], 0, 1, 1
+    inside = None  # '"' or '[' while in a literal or a class
+    while i < len(body) - 1:
+        c = body[i]
+        if c == "\\" and inside:
+            i += 2
+            continue
+        if inside:
+            if (inside == '"' and c == '"') or (inside == "[" and c == "]"):
+                inside = None
+        elif c in '"[':
+            inside = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                parts.append(body[start + 1 : i])
+        elif c == "|" and depth == 0:
+            start = i + 2
+        i += 1
+    return parts if depth == 0 and inside is None else None
+
+
+_RULE = re.compile(r"^(?P<name>\S+) ::= (?P<body>\(\(.*\)\))(?: \(=.*\))?$")
+_LOOP = re.compile(r"^(?P<cls>\[(?:\\.|[^\]\\])*\]) (?P<name>\S+)$")
+_LITERAL = re.compile(r'^"(?P<first>\\(?:x..|u....|U........|.)|[^"\\])')
+
+
+def self_loop_rules(grammar_text: str) -> dict[int, tuple[Ranges, bool, frozenset[int]]]:
+    """Rule id -> (class ranges, negated, first characters of its other alternatives)
+    for each self-loop rule of a grammar's text (``str(grammar)``)."""
+    rules = {}
+    for rule_id, line in enumerate(grammar_text.split("\n")):
+        found = _RULE.match(line)
+        alternatives = _split_alternatives(found["body"]) if found else None
+        if not alternatives:
+            continue
+        loop, firsts = None, set()
+        for alt in alternatives:
+            own = _LOOP.match(alt)
+            if own is not None and own["name"] == found["name"] and loop is None:
+                loop = own["cls"]
+                continue
+            literal = _LITERAL.match(alt)
+            if literal is None:  # something else may begin here: not one we can keep
+                loop = None
+                break
+            firsts.add(_char(literal["first"], 0)[0])
+        if loop is not None:
+            ranges, negated = _char_class(loop)
+            rules[rule_id] = (ranges, negated, frozenset(firsts))
+    return rules
+
+
+# ----- the plain tokens of a vocabulary ------------------------------------------------
+
+
+class PlainTables:
+    """Per self-loop rule (its class and its other alternatives' first characters):
+    ``1`` per token id whose bytes are whole UTF-8 characters, each in the class and
+    none a first character; ``0`` for the rest (special tokens, partial characters,
+    ids past the vocabulary). Built once per distinct rule and kept."""
+
+    def __init__(self, token_bytes: Sequence[bytes], vocab_rows: int) -> None:
+        self._bytes, self.vocab_rows = token_bytes, vocab_rows
+        self._chars: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._tables: dict[Any, bytes] = {}
+        self._lock = threading.Lock()
+        #: every token is plain: a grammar with no self-loop rule never checks
+        self.every = b"\x01" * vocab_rows
+        #: one-character tokens that every free string allows: a row whose mask
+        #: refuses one is not at a string's start, and its states are not read
+        self.probe_ids = [i for i, b in enumerate(token_bytes[:vocab_rows]) if b in (b"q", b"Z")]
+
+    def warm(self) -> None:
+        """Build what the first grammar with JSON strings would (the vocabulary's code
+        points, the table of xgrammar's JSON string rule), off the engine's step."""
+        for rule in self_loop_rules(_JSON_STRING_RULE).values():
+            self.table(*rule)
+
+    def _code_points(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every whole-UTF-8 token's code points, concatenated, where each token's begin,
+        and which tokens those are."""
+        if self._chars is None:
+            points: list[int] = []
+            starts, ids = [], []
+            for i, data in enumerate(self._bytes[: self.vocab_rows]):
+                if not data:
+                    continue
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                starts.append(len(points))
+                ids.append(i)
+                points.extend(map(ord, text))
+            self._chars = (
+                np.asarray(points, dtype=np.int64),
+                np.asarray(starts, dtype=np.int64),
+                np.asarray(ids, dtype=np.int64),
+            )
+        return self._chars
+
+    def table(self, ranges: Ranges, negated: bool, firsts: frozenset[int]) -> bytes:
+        key = (ranges, negated, firsts)
+        with self._lock:
+            found = self._tables.get(key)
+            if found is not None:
+                return found
+            points, starts, ids = self._code_points()
+            inside = np.zeros(len(points), dtype=bool)
+            for lo, hi in ranges:
+                inside |= (points >= lo) & (points <= hi)
+            if negated:
+                inside = ~inside
+            if firsts:
+                inside &= ~np.isin(points, np.fromiter(firsts, dtype=np.int64))
+            flags = np.zeros(self.vocab_rows, dtype=np.uint8)
+            if len(starts):
+                flags[ids] = np.logical_and.reduceat(inside, starts)
+            found = self._tables[key] = flags.tobytes()
+            return found
+
+
+# ----- per grammar ---------------------------------------------------------------------
+
+
+class KeptStrings:
+    """What one compiled grammar lets its matchers keep: its self-loop rules, their
+    plain-token tables (from the vocabulary's `PlainTables`), and which parser points
+    were found to be their starts."""
+
+    def __init__(self, grammar_text: str, plain: PlainTables) -> None:
+        self.rules = self_loop_rules(grammar_text)
+        self.plain = plain
+        self._tables: dict[int, bytes] = {}
+        #: (rule, point) -> whether it is that rule's start
+        self._starts: dict[tuple[int, int], bool] = {}
+        #: ``0`` for a token after which a check is worth it: one that is plain in no
+        #: self-loop rule (a quote, an escape), where a string may begin or resume
+        self.any_plain = self._union() if self.rules else plain.every
+
+    def _union(self) -> bytes:
+        tables = [np.frombuffer(self.table(r), dtype=np.uint8) for r in self.rules]
+        return np.bitwise_or.reduce(tables).tobytes()
+
+    def table(self, rule: int) -> bytes:
+        found = self._tables.get(rule)
+        if found is None:
+            found = self._tables[rule] = self.plain.table(*self.rules[rule])
+        return found
+
+    def check(self, matcher: Any) -> int:
+        """The self-loop rule at whose start every parser state of ``matcher`` stands
+        (one state at least), or -1."""
+        points = {(int(r), int(p)) for r, p, sub in _STATE.findall(_state(matcher)) if sub == "0"}
+        if len(points) != 1:
+            return -1
+        ((rule, point),) = points
+        if rule not in self.rules:
+            return -1
+        start = self._starts.get((rule, point))
+        if start is None:
+            start = self._starts[(rule, point)] = self._is_start(matcher, rule, point)
+        return rule if start else -1
+
+    def _is_start(self, matcher: Any, rule: int, point: int) -> bool:
+        """Whether one plain character leads a fork of ``matcher`` back to ``point``:
+        from the rule's start it does; from within a character or past the rule's end,
+        no such character is accepted."""
+        ranges, negated, firsts = self.rules[rule]
+        for c in _PROBES:
+            inside = any(lo <= ord(c) <= hi for lo, hi in ranges) != negated
+            if inside and ord(c) not in firsts:
+                break
+        else:  # no such character is plain here: nothing is kept in this rule
+            return False
+        fork = matcher.fork() if hasattr(matcher, "fork") else None
+        if fork is None or not _base_accept_string(fork, c):
+            return False
+        after = {(int(r), int(p)) for r, p, sub in _STATE.findall(_state(fork)) if sub == "0"}
+        return after == {(rule, point)}
+
+
+def _state(matcher: Any) -> str:
+    import xgrammar as xgr
+
+    return xgr.GrammarMatcher._debug_print_internal_state(matcher)
+
+
+def _base_accept_string(matcher: Any, text: str) -> bool:
+    import xgrammar as xgr
+
+    return bool(xgr.GrammarMatcher.accept_string(matcher, text))
+
+
+def keep_if_free(matcher: Any, words: np.ndarray) -> None:
+    """After ``matcher``'s fill into ``words`` (its row, uint32), where it asked for a
+    check (``probe``): keep the row when its states stand at a self-loop rule's start.
+    ``matcher`` is a `guard.GuardedMatcher`; its lexer tells whether it may be inside a
+    string at all, and the row whether a free string's characters are allowed, before
+    its states are read."""
+    matcher.probe = 0
+    if matcher.guard_state // matcher._k != matcher._check_at:
+        return
+    for i in matcher._kept.plain.probe_ids:
+        if not (words[i >> 5] >> (i & 31)) & 1:
+            return
+    rule = matcher._kept.check(matcher)
+    if rule < 0:
+        return
+    if matcher.kept is None:
+        matcher.kept = np.empty_like(words)
+    np.copyto(matcher.kept, words)
+    matcher.keep = 1
+    matcher._table = matcher._kept.table(rule)
+
+
+def kept_for(grammar: Any, plain: PlainTables) -> KeptStrings:
+    """The grammar's `KeptStrings` for a vocabulary's tables, built once."""
+    kept = getattr(grammar, "_kept_strings", None)
+    if kept is None or kept.plain is not plain:
+        kept = KeptStrings(str(grammar.grammar), plain)
+        try:
+            grammar._kept_strings = kept
+        except AttributeError:  # a grammar object that takes no attributes: not kept
+            pass
+    return kept

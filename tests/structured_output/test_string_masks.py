@@ -1,0 +1,195 @@
+"""Masks kept inside free JSON strings (`structured_output.string_masks`): every kept
+mask equals a fresh fill of the same state, over random walks through real grammars
+(free and limited strings, escapes, keys, structural tags whose strings exclude an end
+tag), row by row and threaded; and the rules and tables they rest on are read right."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from bench import states
+from structured_output import CompileOptions, GrammarSpec, LocalCompiler
+from structured_output.bitmask import BitmaskFiller
+from structured_output.guide import RequestGuide
+from structured_output.string_masks import PlainTables, self_loop_rules
+
+SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+    {  # strings that are not free, beside free ones
+        "type": "object",
+        "properties": {
+            "short": {"type": "string", "maxLength": 4},
+            "long": {"type": "string", "minLength": 3},
+            "code": {"type": "string", "pattern": "^[a-z]+[0-9]*$"},
+            "kind": {"enum": ["alpha", "beta gamma"]},
+            "when": {"type": "string", "format": "date"},
+            "text": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "either": {"anyOf": [{"type": "string"}, {"type": "string", "maxLength": 2}]},
+        },
+        "required": ["short", "code", "kind", "text", "tags", "either"],
+    },
+    {"type": "object", "additionalProperties": {"type": "string"}},  # free keys too
+    {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
+]
+
+#: tokens the walks lean to, where the grammar allows them: into, through and out of
+#: strings (quotes, escapes, a partial character, an end tag's first characters)
+STEER = ['"', ' "', '":', '",', " the", "a", "q", "é", "\\", '\\"', "\\n", "\\u00", "_", "<", "}"]
+
+
+def _compilers(tok):
+    return LocalCompiler(tok, CompileOptions(max_whitespace=16))
+
+
+def _grammars(lc):
+    out = [lc.compile(GrammarSpec.of("json_schema", json.dumps(s))) for s in SCHEMAS]
+    out.append(lc.compile(states.SPECS["hermes_tag"]))
+    return out
+
+
+def _allowed(words: np.ndarray, vocab: int) -> np.ndarray:
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab]
+    return np.flatnonzero(bits)
+
+
+def _walk(lc, grammars, tok, rows: int, steps: int, seed: int) -> tuple[int, int]:
+    """``rows`` matchers walk ``steps`` tokens at once through one filler (the loop
+    below 32 rows, the threads from there), each beside a twin that fills afresh; every
+    mask must equal the twin's. Returns (steps kept, steps in all)."""
+    rng = random.Random(seed)
+    steer = {}
+    for text in STEER:
+        ids = tok.encode(text, special=False)
+        if len(ids) == 1:
+            steer[text] = ids[0]
+    pairs = [
+        (lc.matcher(grammars[i % len(grammars)]), lc.matcher(grammars[i % len(grammars)]))
+        for i in range(rows)
+    ]
+    filler = BitmaskFiller(rows, tok.vocab_rows, batch_threshold=32, max_threads=2)
+    filler.guard = lc.guard
+    twin_buf = torch.zeros((1, filler.words), dtype=torch.int32)
+    kept = total = 0
+    try:
+        for _ in range(steps):
+            live = [i for i, (m, _) in enumerate(pairs) if not m.is_terminated()]
+            if not live:
+                break
+            was_kept = [pairs[i][0].keep for i in live]
+            got = filler.fill(live, [RequestGuide(None, pairs[i][0]) for i in live])
+            view = got.buffer.numpy().view(np.uint32)
+            for i, k in zip(live, was_kept, strict=True):
+                m, twin = pairs[i]
+                twin.fill_next_token_bitmask(twin_buf, 0)
+                expected = twin_buf[0].numpy().view(np.uint32)
+                assert np.array_equal(view[i], expected), f"row {i}, kept {k}"
+                kept += k
+                total += 1
+                leaning = [t for t in steer.values() if (expected[t >> 5] >> (t & 31)) & 1]
+                if leaning and rng.random() < 0.4:
+                    t = rng.choice(leaning)
+                else:
+                    t = int(rng.choice(_allowed(expected, tok.vocab_rows)))
+                if rng.random() < 0.03 and m._history:  # now and then a step back
+                    m.rollback(1)
+                    twin.rollback(1)
+                    continue
+                assert m.accept_token(t) and twin.accept_token(t)
+    finally:
+        filler.close()
+    print(f"kept {kept} of {total} steps")
+    return kept, total
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_kept_masks_equal_fresh_fills_row_by_row(qwen3, seed):
+    lc = _compilers(qwen3)
+    kept, total = _walk(lc, _grammars(lc), qwen3, rows=5, steps=300, seed=seed)
+    assert kept > total // 20, (kept, total)  # the masks were kept, and often
+
+
+def test_kept_masks_equal_fresh_fills_threaded(qwen3):
+    lc = _compilers(qwen3)
+    kept, total = _walk(lc, _grammars(lc), qwen3, rows=40, steps=80, seed=4)
+    assert kept > total // 20, (kept, total)
+
+
+def test_documents_walked_keep_masks_inside_their_strings(qwen3):
+    """The bench's documents, token by token: strings' text is mostly kept, and every
+    kept mask is the fresh one."""
+    lc = _compilers(qwen3)
+    v = states.vocab("qwen3")
+    grammar = lc.compile(states.SPECS["hermes_tag"])
+    rng = random.Random(5)
+    buf = torch.zeros((2, (qwen3.vocab_rows + 31) // 32), dtype=torch.int32)
+    filler = BitmaskFiller(1, qwen3.vocab_rows, batch_threshold=32)
+    filler.guard = lc.guard
+    kept = 0
+    for _ in range(6):
+        ids = v.encode(states.document(rng, "hermes_tag", v.markers))
+        m, twin = lc.matcher(grammar), lc.matcher(grammar)
+        for t in ids:
+            k = m.keep
+            got = filler.fill([0], [RequestGuide(None, m)])
+            twin.fill_next_token_bitmask(buf, 1)
+            assert torch.equal(got.buffer[0], buf[1])
+            kept += k
+            assert m.accept_token(t) and twin.accept_token(t)
+    assert kept >= 20
+
+
+def test_self_loop_rules_are_read_from_the_grammars_text(qwen3):
+    lc = _compilers(qwen3)
+    free, limited, hermes = (
+        lc.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMAS[0]))),
+        lc.compile(
+            GrammarSpec.of(
+                "json_schema",
+                json.dumps({"type": "object", "properties": {"s": {"maxLength": 3}}}),
+            )
+        ),
+        lc.compile(states.SPECS["hermes_tag"]),
+    )
+    for g in (free, limited, hermes):  # rule i is line i of the text
+        names = [r[0] for r in json.loads(g.grammar.serialize_json())["rules"]]
+        assert names == [line.split(" ::= ")[0] for line in str(g.grammar).split("\n") if line]
+    (rule,) = self_loop_rules(str(free.grammar)).values()
+    ranges, negated, firsts = rule
+    assert negated and firsts == {ord('"'), ord("\\")}
+    assert (0, 0x1F) in ranges and (ord("\n"), ord("\n")) in ranges
+    assert not self_loop_rules(str(limited.grammar))
+    loops = self_loop_rules(str(hermes.grammar))  # strings that must not hold "</..."
+    assert loops and all(ord("<") in f for _, _, f in loops.values())
+
+
+@pytest.mark.parametrize(
+    ("data", "plain"),
+    [
+        (b"hello", 1),
+        (" wörld".encode(), 1),
+        (b'a"b', 0),  # a quote ends the string
+        (b"\\n", 0),  # an escape
+        (b"a\nb", 0),  # a raw control character
+        (b"\xc3", 0),  # half a character
+        ("🙂".encode(), 1),
+        (b"_x", 1),
+        (b"", 0),  # a special token
+    ],
+)
+def test_plain_tokens_are_whole_characters_of_the_class(data, plain):
+    tables = PlainTables([b"pad", data], 2)
+    ranges = ((0, 0x1F), (ord('"'), ord('"')), (ord("\\"), ord("\\")))
+    assert tables.table(ranges, True, frozenset({ord('"'), ord("\\")}))[1] == plain
+    # the first character of another alternative (an end tag's "<") is not plain
+    excluded = tables.table(((0x20, 0x10FFFF),), False, frozenset({ord("_")}))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = ""
+    assert excluded[1] == (bool(text) and all(" " <= c != "_" for c in text))
