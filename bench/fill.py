@@ -20,8 +20,13 @@
 - ``unguarded``: the engine's filler with no guard at all (not a configuration the
   engine runs: its masks are the grammar's alone); ``engine / unguarded`` is what the
   whole guard costs.
+- ``unkept``: the engine as configured, but its matchers keep no mask inside free JSON
+  strings (`structured_output.string_masks`): every row filled every step.
+  ``unkept / engine`` is what kept masks save; only ``--walk`` shows it, since fixed
+  states are filled as their first fill.
 
-All fill the same states (`bench.states`); filling does not change a matcher's state.
+Each method has its own matchers, all in the same states (`bench.states`); filling
+does not change a matcher's state.
 Checked once per batch size: ``engine`` equals ``loop`` exactly, and equals
 ``baseline`` with the guard's masks applied on every ordinary id (special tokens are
 sealed in the engine's grammars and plain text in the baseline's). The fill runs on
@@ -53,7 +58,7 @@ from .common import (
 )
 from .common import _us as us
 
-METHODS = ("engine", "baseline", "loop", "bound_off", "unguarded")
+METHODS = ("engine", "baseline", "loop", "bound_off", "unguarded", "unkept")
 
 
 def _methods(
@@ -70,6 +75,7 @@ def _methods(
     guides = [RequestGuide(None, r.matcher) for r in rows]
     free = [RequestGuide(None, r.unbounded) for r in rows]
     bare = [RequestGuide(None, r.bare) for r in rows]
+    unkept = [RequestGuide(None, r.unkept) for r in rows]
     ours = [r.matcher for r in rows]
     theirs = [r.peer for r in rows]
     index = list(range(b))
@@ -90,6 +96,7 @@ def _methods(
         "loop": lambda: lambda: loop(ours),
         "bound_off": lambda: lambda: bound_off.fill(index, free),
         "unguarded": lambda: lambda: unguarded.fill(index, bare),
+        "unkept": lambda: lambda: filler.fill(index, unkept),
         #: the per-step allocation alone, to tell the loops' two costs apart
         "alloc": lambda: fresh,
     }
@@ -139,7 +146,14 @@ def run(args: argparse.Namespace) -> list[Record]:
     for vocab_name in args.vocabs:
         v = states.vocab(vocab_name)
         rows = states.make_rows(
-            vocab_name, biggest, args.seed, args.grammars, peer=True, unbounded=True, bare=True
+            vocab_name,
+            biggest,
+            args.seed,
+            args.grammars,
+            peer=True,
+            unbounded=True,
+            bare=True,
+            unkept=True,
         )
         engine, bound_off, unguarded = (
             BitmaskFiller(
@@ -199,7 +213,7 @@ def table(records: Sequence[Record]) -> str:
     head = (
         f"{'vocab':<14}{'batch':>6}  {'engine p50':>11}{'/row':>9}  {'baseline p50':>13}"
         f"{'b/e':>7}  {'loop p50':>10}{'l/e':>7}  {'bound off':>10}{'e/boff':>7}"
-        f"  {'guard off':>10}{'e/off':>7}"
+        f"  {'guard off':>10}{'e/off':>7}  {'unkept':>10}{'u/e':>7}"
     )
     lines = [head, "-" * len(head)]
     for (vocab, b), m in by.items():
@@ -212,6 +226,7 @@ def table(records: Sequence[Record]) -> str:
             f"  {us(m['loop'].median_us):>10}{m['loop'].median_us / e:>6.2f}x"
             f"  {us(m['bound_off'].median_us):>10}{e / m['bound_off'].median_us:>6.2f}x"
             f"  {us(m['unguarded'].median_us):>10}{e / m['unguarded'].median_us:>6.2f}x"
+            f"  {us(m['unkept'].median_us):>10}{m['unkept'].median_us / e:>6.2f}x"
         )
     if records:
         lines.append(threads_line(records[0].extra))

@@ -413,6 +413,8 @@ class Row:
     #: the same state in another matcher of the engine, for a second filler (each
     #: filler's matchers keep their own string masks), or None
     bare: Any = None
+    #: and in one that keeps no string mask (every step fills), or None
+    unkept: Any = None
 
     @property
     def next_token(self) -> int:
@@ -420,10 +422,12 @@ class Row:
         return self.document[self.position] if self.position < len(self.document) else -1
 
     def matchers(self) -> list[Any]:
-        return [m for m in (self.matcher, self.peer, self.unbounded, self.bare) if m is not None]
+        ms = (self.matcher, self.peer, self.unbounded, self.bare, self.unkept)
+        return [m for m in ms if m is not None]
 
     def engine_matchers(self) -> list[Any]:
-        return [m for m in (self.matcher, self.unbounded, self.bare) if m is not None]
+        ms = (self.matcher, self.unbounded, self.bare, self.unkept)
+        return [m for m in ms if m is not None]
 
 
 def first_fills(rows: list[Row]) -> Callable[[], None]:
@@ -468,10 +472,12 @@ def make_rows(
     peer: bool = False,
     unbounded: bool = False,
     bare: bool = False,
+    unkept: bool = False,
 ) -> list[Row]:
     """``n`` rows, grammars in turn, each at a random point of its own random document
     (``peer``: each with its twin in `peer_compiled` too; ``unbounded``: and its twin
-    guarded by the table with the bound off; ``bare``: and another engine matcher)."""
+    guarded by the table with the bound off; ``bare``: and another engine matcher;
+    ``unkept``: and one that keeps no string mask)."""
     import xgrammar as xgr
 
     from structured_output.guard import GuardedMatcher
@@ -497,16 +503,24 @@ def make_rows(
             free = GuardedMatcher(
                 grams[g], bound_off, json_text=grams[g].json_text, override_stop_tokens=stops
             )
-        other = None
+        other = plain = None
         if bare:
             other = GuardedMatcher(
                 grams[g], table, json_text=grams[g].json_text, override_stop_tokens=stops
             )
+        if unkept:
+            plain = GuardedMatcher(
+                grams[g],
+                table,
+                json_text=grams[g].json_text,
+                override_stop_tokens=stops,
+                keep_strings=False,
+            )
         for t in ids[:cut]:
-            if not all(x.accept_token(t) for x in (m, twin, free, other) if x is not None):
+            if not all(x.accept_token(t) for x in (m, twin, free, other, plain) if x is not None):
                 text = v.tokenizer.decode(ids)
                 raise AssertionError(f"{g} rejected token {t} of its own document {text!r}")
-        rows.append(Row(g, m, ids[:cut], twin, free, ids, cut, other))
+        rows.append(Row(g, m, ids[:cut], twin, free, ids, cut, other, plain))
     return rows
 
 

@@ -469,6 +469,7 @@ class GuardedMatcher(xgr.GrammarMatcher):
         *,
         json_text: bool,
         override_stop_tokens: Sequence[int] | None = None,
+        keep_strings: bool = True,
     ) -> None:
         stops = None if override_stop_tokens is None else list(override_stop_tokens)
         super().__init__(compiled_grammar, override_stop_tokens=stops)
@@ -486,11 +487,12 @@ class GuardedMatcher(xgr.GrammarMatcher):
         # a mask kept inside a free string (`string_masks`): ``keep`` while the grammar
         # stands where ``kept`` was filled; ``probe`` after a token that may begin one
         self._kept = kept_for(compiled_grammar, guard.plain)
-        self._any = self._table = self._kept.any_plain
+        # keep_strings=False (a bench's comparison): every token plain, none checked
+        self._any = self._table = self._kept.any_plain if keep_strings else guard.plain.every
         self._check_at = (STR if json_text else RAW) * NUM_PENDING + DONE
         self.kept: np.ndarray | None = None
         self.keep = 0
-        self.probe = 1
+        self.probe = int(keep_strings)
 
     def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
         if not self._h.accept_token(token_id, debug_print):
@@ -507,7 +509,8 @@ class GuardedMatcher(xgr.GrammarMatcher):
         return True
 
     def _forget(self) -> None:
-        self.keep, self.probe, self._table = 0, 1, self._any
+        self.keep, self._table = 0, self._any
+        self.probe = 1 if self._any is not self.guard.plain.every else 0
 
     def drop_kept(self, last_token: int | None = None) -> None:
         """Forget a kept string mask, as if no fill had happened since ``last_token``

@@ -23,7 +23,7 @@ def _records(path) -> list[dict]:
 
 
 METHODS = {
-    "fill": ("engine", "baseline", "loop", "bound_off", "unguarded"),
+    "fill": ("engine", "baseline", "loop", "bound_off", "unguarded", "unkept"),
     "apply": ("engine", "baseline"),
 }
 
