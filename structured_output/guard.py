@@ -489,10 +489,11 @@ class GuardedMatcher(xgr.GrammarMatcher):
         self._kept = kept_for(compiled_grammar, guard.plain)
         # keep_strings=False (a bench's comparison): every token plain, none checked
         self._any = self._table = self._kept.any_plain if keep_strings else guard.plain.every
+        self._keeps = int(keep_strings)
         self._check_at = (STR if json_text else RAW) * NUM_PENDING + DONE
         self.kept: np.ndarray | None = None
         self.keep = 0
-        self.probe = int(keep_strings)
+        self.probe = self._keeps
 
     def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
         if not self._h.accept_token(token_id, debug_print):
@@ -509,8 +510,7 @@ class GuardedMatcher(xgr.GrammarMatcher):
         return True
 
     def _forget(self) -> None:
-        self.keep, self._table = 0, self._any
-        self.probe = 1 if self._any is not self.guard.plain.every else 0
+        self.keep, self.probe, self._table = 0, self._keeps, self._any
 
     def drop_kept(self, last_token: int | None = None) -> None:
         """Forget a kept string mask, as if no fill had happened since ``last_token``

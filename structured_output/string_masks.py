@@ -267,8 +267,8 @@ class KeptStrings:
                 break
         else:  # no such character is plain here: nothing is kept in this rule
             return False
-        fork = matcher.fork() if hasattr(matcher, "fork") else None
-        if fork is None or not _base_accept_string(fork, c):
+        fork = matcher.fork()  # a plain xgrammar matcher of the same state
+        if not fork.accept_string(c):
             return False
         after = {(int(r), int(p)) for r, p, sub in _STATE.findall(_state(fork)) if sub == "0"}
         return after == {(rule, point)}
@@ -278,12 +278,6 @@ def _state(matcher: Any) -> str:
     import xgrammar as xgr
 
     return xgr.GrammarMatcher._debug_print_internal_state(matcher)
-
-
-def _base_accept_string(matcher: Any, text: str) -> bool:
-    import xgrammar as xgr
-
-    return bool(xgr.GrammarMatcher.accept_string(matcher, text))
 
 
 def keep_if_free(matcher: Any, words: np.ndarray) -> None:
