@@ -59,6 +59,9 @@ PROGRESS_S = 5.0
 #: those past their time limit (which cannot be stopped) included
 IN_PROCESS_THREADS = 2
 IN_PROCESS_MAX_RUNNING = 4
+#: an idle dispatcher looks at its worker this often, in seconds, and replaces it
+#: if it has died
+IDLE_CHECK_S = 1.0
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -408,7 +411,13 @@ class CompileService:
             while True:
                 if worker is None and self._in_process is None and not self._closed:
                     worker = self._start_worker()
-                job = self._jobs.get()
+                try:
+                    job = self._jobs.get(timeout=IDLE_CHECK_S)
+                except queue.Empty:
+                    # idle: a worker found dead now is replaced before the next job
+                    # arrives, so that job does not wait on a start-up
+                    worker = self._unless_dead(worker)
+                    continue
                 if job is None:
                     return
                 if not job.future.set_running_or_notify_cancel():
@@ -490,18 +499,22 @@ class CompileService:
             log.info("compiled a %s in %.1f s", job.spec.kind.value, took)
         self._finish(job, grammar, None, took)
 
+    def _unless_dead(self, worker: _Worker | None) -> _Worker | None:
+        """``worker``, or None once it has exited (killed while idle, say)."""
+        if worker is None or worker.proc.poll() is None:
+            return worker
+        log.warning(
+            "grammar compile worker %d exited (code %s) while idle; starting another",
+            worker.proc.pid,
+            worker.proc.returncode,
+        )
+        self._untrack(worker)
+        return None
+
     def _run(self, worker: _Worker | None, job: _Job) -> _Worker | None:
         """Compile ``job`` in a worker, then here, and settle its future; returns the
         worker to use next."""
-        if worker is not None and worker.proc.poll() is not None:
-            # it died idle (killed, say): that is no fault of this job's
-            log.warning(
-                "grammar compile worker %d exited (code %s) while idle; starting another",
-                worker.proc.pid,
-                worker.proc.returncode,
-            )
-            self._untrack(worker)
-            worker = None
+        worker = self._unless_dead(worker)  # died idle: that is no fault of this job's
         if worker is None:  # the last start failed, or the worker died idle: try now
             worker = self._start_worker()
         if worker is None:
