@@ -20,7 +20,7 @@ from tests.support.grammars import hermes_calls_valid, hermes_tag
 from .conftest import serve
 from .support import PACED, PROMPT, background, rss_kib
 
-COMPILE_TIMEOUT_S = 8
+COMPILE_TIMEOUT_S = 5
 #: a worker killed at its time limit (or dead) is replaced; a retry may wait for it
 MARGIN_S = 30
 WORKER_MEMORY_MB = 3072
