@@ -163,6 +163,8 @@ class PlainTables:
         #: one-character tokens that every free string allows: a row whose mask
         #: refuses one is not at a string's start, and its states are not read
         self.probe_ids = [i for i, b in enumerate(token_bytes[:vocab_rows]) if b in (b"q", b"Z")]
+        #: the same, as (word, bit) of a row of uint32 words
+        self.probe_bits = [(i >> 5, 1 << (i & 31)) for i in self.probe_ids]
 
     def warm(self) -> None:
         """Build what the first grammar with JSON strings would (the vocabulary's code
@@ -228,6 +230,8 @@ class KeptStrings:
         self._tables: dict[int, bytes] = {}
         #: (rule, point) -> whether it is that rule's start
         self._starts: dict[tuple[int, int], bool] = {}
+        #: (rule, point) as printed -> the rule when the point is its start, else -1
+        self._verdicts: dict[tuple[str, str], int] = {}
         #: ``0`` for a token after which a check is worth it: one that is plain in no
         #: self-loop rule (a quote, an escape), where a string may begin or resume
         self.any_plain = self._union() if self.rules else plain.every
@@ -245,10 +249,22 @@ class KeptStrings:
     def check(self, matcher: Any) -> int:
         """The self-loop rule at whose start every parser state of ``matcher`` stands
         (one state at least), or -1."""
-        points = {(int(r), int(p)) for r, p, sub in _STATE.findall(_state(matcher)) if sub == "0"}
-        if len(points) != 1:
+        found = _STATE.findall(_state(matcher))  # [(rule, point, sub)], as printed
+        if not found:
             return -1
-        ((rule, point),) = points
+        first = found[0]
+        for other in found:  # a state within a character (sub > 0), or elsewhere
+            if other != first:
+                return -1
+        if first[2] != "0":
+            return -1
+        key = (first[0], first[1])
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._verdicts[key] = self._verdict(matcher, int(key[0]), int(key[1]))
+        return verdict
+
+    def _verdict(self, matcher: Any, rule: int, point: int) -> int:
         if rule not in self.rules:
             return -1
         start = self._starts.get((rule, point))
@@ -289,17 +305,18 @@ def keep_if_free(matcher: Any, words: np.ndarray) -> None:
     matcher.probe = 0
     if matcher.guard_state // matcher._k != matcher._check_at:
         return
-    for i in matcher._kept.plain.probe_ids:
-        if not (words[i >> 5] >> (i & 31)) & 1:
+    kept = matcher._kept
+    for w, bit in kept.plain.probe_bits:
+        if not words.item(w) & bit:
             return
-    rule = matcher._kept.check(matcher)
+    rule = kept.check(matcher)
     if rule < 0:
         return
     if matcher.kept is None:
         matcher.kept = np.empty_like(words)
     np.copyto(matcher.kept, words)
     matcher.keep = 1
-    matcher._table = matcher._kept.table(rule)
+    matcher._table = kept.table(rule)
 
 
 def kept_for(grammar: Any, plain: PlainTables) -> KeptStrings:
