@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .string_masks import keep_if_free
+from .string_masks import keep_if_free, memo_key
 
 if TYPE_CHECKING:
     from .guard import GuardTable
@@ -81,6 +81,12 @@ class FilledMask:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+def _memo_key(m: Any) -> Any:
+    """The key of ``m``'s mask in the memo of the string it is writing, if it has one
+    (`string_masks.memo_key`)."""
+    return memo_key(m) if getattr(m, "memo", None) is not None else None
 
 
 class SharedFill:
@@ -226,16 +232,25 @@ class BitmaskFiller:
         guard = self.guard
         if len(rows) >= self.batch_threshold:
             # rows whose mask is kept (inside a free string) are copied, not filled
-            todo, todo_rows = [], []
+            todo, todo_rows, keys = [], [], []
             for r, m in zip(rows, matchers, strict=True):
                 if getattr(m, "keep", 0):
                     view[r] = m.kept
-                else:
-                    todo.append(m)
-                    todo_rows.append(r)
+                    continue
+                key = _memo_key(m)
+                if key is not None and (hit := m.memo.get(key)) is not None:
+                    view[r] = hit
+                    if getattr(m, "probe", 0):  # back at the string's text: kept again
+                        keep_if_free(m, view[r])
+                    continue
+                todo.append(m)
+                todo_rows.append(r)
+                keys.append(key)
             if todo:
                 self._shared.fill(todo, buf, todo_rows)
-            for r, m in zip(todo_rows, todo, strict=True):
+            for r, m, key in zip(todo_rows, todo, keys, strict=True):
+                if key is not None:
+                    m.memo[key] = view[r].copy()
                 if getattr(m, "probe", 0):
                     keep_if_free(m, view[r])
             active = np.asarray(rows, dtype=np.int64)
@@ -249,8 +264,15 @@ class BitmaskFiller:
                 if getattr(m, "keep", 0):
                     view[r] = m.kept
                     restricts = True  # a string's end is always restricted
+                elif (key := _memo_key(m)) is not None and (hit := m.memo.get(key)) is not None:
+                    view[r] = hit
+                    restricts = True  # inside a string: always restricted
+                    if getattr(m, "probe", 0):  # back at the string's text: kept again
+                        keep_if_free(m, view[r])
                 else:
                     restricts = fill(m, buf, r)
+                    if key is not None:
+                        m.memo[key] = view[r].copy()
                     if getattr(m, "probe", 0):
                         keep_if_free(m, view[r])
                 q = getattr(m, "guard_state", -1)

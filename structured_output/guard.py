@@ -151,6 +151,13 @@ class GuardTable:
         self._build_masks(lex)
         #: which tokens keep a free string's mask (`string_masks`), built when needed
         self.plain = PlainTables(tb, vocab_rows)
+        #: per ``state // k``: mid-escape or mid-character, where a string's text may
+        #: resume with a token that is plain (the ``there`` after ``\\``)
+        self.mid_text = bytes(
+            int(lex in ESCAPING or (lex in (STR, RAW) and pending != DONE))
+            for lex in range(NUM_STATES)
+            for pending in range(NUM_PENDING)
+        )
         self.plain.warm()
 
     def state(self, lex: int, run: int = 0, pending: int = DONE) -> int:
@@ -494,6 +501,15 @@ class GuardedMatcher(xgr.GrammarMatcher):
         self.kept: np.ndarray | None = None
         self.keep = 0
         self.probe = self._keeps
+        #: check after the next token, plain or not: the last check found the text
+        #: mid-escape, or the matcher was reset, rolled back or jumped forward
+        self.rearm = self._keeps
+        #: masks by parser points within the free string being written (JSON only: its
+        #: lexer sees where the string ends), see `string_masks.memo_key`
+        self.memo: dict | None = None
+        self.guard_lexes_strings = json_text
+        self._out_end = (OUT + 1) * NUM_PENDING * self._k  # states below: outside strings
+        self._quotes = guard.plain.quotes
 
     def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
         if not self._h.accept_token(token_id, debug_print):
@@ -502,15 +518,18 @@ class GuardedMatcher(xgr.GrammarMatcher):
         self._history.append(q)
         c = self._codes[q // self._k][token_id]
         self.guard_state = c if c >= 0 else min(q - c, self._cap)
-        plain = self._table[token_id]
-        if not plain and self.keep:  # it left the string's text: drop the kept mask
-            self.keep, self._table = 0, self._any
-            plain = self._any[token_id]
-        self.probe = plain ^ 1
+        if self.memo is not None and (self.guard_state < self._out_end or self._quotes[token_id]):
+            self.memo = None  # the string ended (or may have, and another begun)
+        if self._table[token_id]:
+            self.probe = self.rearm
+        else:  # it may begin or resume a string (or left a kept one): check after a fill
+            self.keep, self.probe, self._table = 0, self._keeps, self._any
         return True
 
     def _forget(self) -> None:
-        self.keep, self.probe, self._table = 0, self._keeps, self._any
+        self.keep = 0
+        self.probe = self.rearm = self._keeps
+        self._table, self.memo = self._any, None
 
     def drop_kept(self, last_token: int | None = None) -> None:
         """Forget a kept string mask, as if no fill had happened since ``last_token``

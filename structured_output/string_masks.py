@@ -18,14 +18,24 @@ follow the string).
 
 So a matcher (`guard.GuardedMatcher`), after a fill that follows a token not plain
 (an opening quote, an escape: where a string may begin or resume), reads its parser
-states once (`KeptStrings.check`). Where all stand at the start of one self-loop rule,
-the row's mask is kept, and while only that rule's plain tokens follow, later fills
-copy it instead of asking xgrammar. Any other token, a rollback or a reset drops it.
+states once (`KeptStrings.check`). Where all stand at the start of a self-loop rule
+(one, or several side by side: in xgrammar's grammar for any JSON, an object's string
+value is read by two rules at once, one ending before a comma, one before a brace),
+the row's mask is kept, and while only tokens plain in all those rules follow, later
+fills copy it instead of asking xgrammar. Any other token, a rollback or a reset drops
+it.
+
+Within one such string, the masks where its text is mid-escape (after a backslash,
+in a ``\\u`` escape's digits, where xgrammar checks thousands of tokens one by one) are
+the same at every escape: the same points, the same rules waiting for the string's
+end. So a JSON matcher keeps a *memo* from its string's first check until its lexer
+sees the string end: a fill there reads the points, and copies the mask filled at the
+same points before in the same string (`memo_key`).
 
 The rules are read from the compiled grammar's text (rule ``i`` is its line ``i``),
 and a rule's start is told from its other points by stepping a fork of the matcher
-over one plain character, once per grammar, rule and point: at the start (and only
-there) that character leads back to the same point. Where any of this cannot be read
+over one plain character, once per grammar and set of points: at the starts (and only
+there) that character leads back to the same points. Where any of this cannot be read
 (an xgrammar that prints grammars or states otherwise), nothing is kept.
 """
 
@@ -165,6 +175,11 @@ class PlainTables:
         self.probe_ids = [i for i, b in enumerate(token_bytes[:vocab_rows]) if b in (b"q", b"Z")]
         #: the same, as (word, bit) of a row of uint32 words
         self.probe_bits = [(i >> 5, 1 << (i & 31)) for i in self.probe_ids]
+        #: ``1`` per token with a double quote: one that may end a JSON string (and
+        #: begin the next, ``":"``) without its end state showing it
+        self.quotes = bytes(int(b'"' in b) for b in token_bytes[:vocab_rows]).ljust(
+            vocab_rows, b"\x00"
+        )
 
     def warm(self) -> None:
         """Build what the first grammar with JSON strings would (the vocabulary's code
@@ -221,17 +236,16 @@ class PlainTables:
 
 class KeptStrings:
     """What one compiled grammar lets its matchers keep: its self-loop rules, their
-    plain-token tables (from the vocabulary's `PlainTables`), and which parser points
-    were found to be their starts."""
+    plain-token tables (from the vocabulary's `PlainTables`), and which sets of parser
+    points were found to be starts of such rules."""
 
     def __init__(self, grammar_text: str, plain: PlainTables) -> None:
         self.rules = self_loop_rules(grammar_text)
         self.plain = plain
-        self._tables: dict[int, bytes] = {}
-        #: (rule, point) -> whether it is that rule's start
-        self._starts: dict[tuple[int, int], bool] = {}
-        #: (rule, point) as printed -> the rule when the point is its start, else -1
-        self._verdicts: dict[tuple[str, str], int] = {}
+        self._tables: dict[Any, bytes] = {}
+        #: parser points as printed ((rule, point, sub) per state) -> the table of the
+        #: tokens plain in every rule when each point is its rule's start, else None
+        self._verdicts: dict[tuple[tuple[str, str, str], ...], bytes | None] = {}
         #: ``0`` for a token after which a check is worth it: one that is plain in no
         #: self-loop rule (a quote, an escape), where a string may begin or resume
         self.any_plain = self._union() if self.rules else plain.every
@@ -246,48 +260,65 @@ class KeptStrings:
             found = self._tables[rule] = self.plain.table(*self.rules[rule])
         return found
 
-    def check(self, matcher: Any) -> int:
-        """The self-loop rule at whose start every parser state of ``matcher`` stands
-        (one state at least), or -1."""
-        found = _STATE.findall(_state(matcher))  # [(rule, point, sub)], as printed
-        if not found:
-            return -1
-        first = found[0]
-        for other in found:  # a state within a character (sub > 0), or elsewhere
-            if other != first:
-                return -1
-        if first[2] != "0":
-            return -1
-        key = (first[0], first[1])
-        verdict = self._verdicts.get(key)
-        if verdict is None:
-            verdict = self._verdicts[key] = self._verdict(matcher, int(key[0]), int(key[1]))
-        return verdict
+    def common_table(self, rules: frozenset[int]) -> bytes:
+        """The tokens plain in every one of ``rules``."""
+        if len(rules) == 1:
+            return self.table(next(iter(rules)))
+        found = self._tables.get(rules)
+        if found is None:
+            tables = [np.frombuffer(self.table(r), dtype=np.uint8) for r in sorted(rules)]
+            found = self._tables[rules] = np.bitwise_and.reduce(tables).tobytes()
+        return found
 
-    def _verdict(self, matcher: Any, rule: int, point: int) -> int:
-        if rule not in self.rules:
-            return -1
-        start = self._starts.get((rule, point))
-        if start is None:
-            start = self._starts[(rule, point)] = self._is_start(matcher, rule, point)
-        return rule if start else -1
+    def check(self, matcher: Any) -> bytes | None:
+        """Where every parser state of ``matcher`` stands at the start of a self-loop
+        rule (one rule, or several side by side: xgrammar's JSON object values end
+        either before a comma or before a brace), the table of tokens plain in all of
+        them; else None."""
+        found = tuple(_STATE.findall(_state(matcher)))  # (rule, point, sub), as printed
+        try:
+            return self._verdicts[found]
+        except KeyError:
+            verdict = self._verdicts[found] = self._verdict(matcher, found)
+            return verdict
 
-    def _is_start(self, matcher: Any, rule: int, point: int) -> bool:
-        """Whether one plain character leads a fork of ``matcher`` back to ``point``:
-        from the rule's start it does; from within a character or past the rule's end,
-        no such character is accepted."""
-        ranges, negated, firsts = self.rules[rule]
-        for c in _PROBES:
-            inside = any(lo <= ord(c) <= hi for lo, hi in ranges) != negated
-            if inside and ord(c) not in firsts:
-                break
-        else:  # no such character is plain here: nothing is kept in this rule
-            return False
+    def _verdict(self, matcher: Any, found: tuple[tuple[str, str, str], ...]) -> bytes | None:
+        points = _points(found)
+        if not points:
+            return None
+        rules = frozenset(r for r, _ in points)
+        if not rules <= self.rules.keys():
+            return None
+        table = self.common_table(rules)
+        c = self._probe_char(rules)
+        if c is None:  # no character is plain in all: nothing is kept here
+            return None
+        # From each rule's start one plain character leads back to it, the rules waiting
+        # alike; from within a character, or past a rule's end, it does not.
         fork = matcher.fork()  # a plain xgrammar matcher of the same state
         if not fork.accept_string(c):
-            return False
-        after = {(int(r), int(p)) for r, p, sub in _STATE.findall(_state(fork)) if sub == "0"}
-        return after == {(rule, point)}
+            return None
+        return table if _points(tuple(_STATE.findall(_state(fork)))) == points else None
+
+    def _probe_char(self, rules: frozenset[int]) -> str | None:
+        """An ASCII character plain in every one of ``rules``."""
+        for c in _PROBES:
+            for rule in rules:
+                ranges, negated, firsts = self.rules[rule]
+                inside = any(lo <= ord(c) <= hi for lo, hi in ranges) != negated
+                if not inside or ord(c) in firsts:
+                    break
+            else:
+                return c
+        return None
+
+
+def _points(found: tuple[tuple[str, str, str], ...]) -> frozenset[tuple[int, int]] | None:
+    """The (rule, point) pairs of parser states as printed; None where one stands
+    within an element (a character's bytes, a literal's)."""
+    if not found or any(sub != "0" for _, _, sub in found):
+        return None
+    return frozenset((int(r), int(p)) for r, p, _ in found)
 
 
 def _state(matcher: Any) -> str:
@@ -303,20 +334,36 @@ def keep_if_free(matcher: Any, words: np.ndarray) -> None:
     string at all, and the row whether a free string's characters are allowed, before
     its states are read."""
     matcher.probe = 0
-    if matcher.guard_state // matcher._k != matcher._check_at:
+    su = matcher.guard_state // matcher._k
+    if su != matcher._check_at:  # mid-escape or mid-character: after the next token
+        matcher.rearm = matcher.guard.mid_text[su]
         return
     kept = matcher._kept
     for w, bit in kept.plain.probe_bits:
-        if not words.item(w) & bit:
+        if not words.item(w) & bit:  # a string with a limit, or inside a ``\u`` escape
+            matcher.rearm = 1  # (which the guard's lexer does not follow): look again
             return
-    rule = kept.check(matcher)
-    if rule < 0:
+    matcher.rearm = 0
+    table = kept.check(matcher)
+    if table is None:
         return
     if matcher.kept is None:
         matcher.kept = np.empty_like(words)
     np.copyto(matcher.kept, words)
     matcher.keep = 1
-    matcher._table = kept.table(rule)
+    matcher._table = table
+    if matcher.memo is None and matcher.guard_lexes_strings:
+        matcher.memo = {}  # this string's masks mid-escape, until its lexer leaves it
+
+
+def memo_key(matcher: Any) -> tuple[tuple[str, str, str], ...] | None:
+    """Where ``matcher`` stands inside the free string it has a memo of (mid-escape,
+    say), the key of its mask there: its parser points as printed; None within an
+    element (a character's bytes), where the points do not say all."""
+    found = tuple(_STATE.findall(_state(matcher)))
+    if not found or any(sub != "0" for _, _, sub in found):
+        return None
+    return found
 
 
 def kept_for(grammar: Any, plain: PlainTables) -> KeptStrings:
