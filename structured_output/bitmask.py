@@ -11,7 +11,7 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,14 +118,24 @@ class SharedFill:
             ).start()
             self._jobs.append(jobs)
 
-    def fill(self, matchers: list[Any], buf: torch.Tensor, rows: list[int]) -> None:
+    def fill(
+        self,
+        matchers: list[Any],
+        buf: torch.Tensor,
+        rows: list[int],
+        after: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """Fill ``rows`` of ``buf`` from ``matchers``; ``after(a, b)``, if given, runs on
+        the thread that filled ``matchers[a:b]``, right after (holding the GIL while the
+        other threads' fills go on without it)."""
         if self.helpers and not self._jobs:
             self._start()  # the first fill starts the helpers
         n = len(rows)
         # chunks of at most ``chunk`` rows, and at least two per thread where the rows
         # allow it, so that a late thread leaves work to the others to take
         size = max(1, min(self.chunk, -(-n // (2 * (self.helpers + 1)))))
-        job = _Job(matchers, buf, rows, [(a, min(a + size, n)) for a in range(0, n, size)])
+        bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
+        job = _Job(matchers, buf, rows, bounds, after)
         for jobs in self._jobs:
             jobs.put(job)
         job.work(self._own)
@@ -139,12 +149,18 @@ class SharedFill:
 
 
 class _Job:
-    __slots__ = ("matchers", "buf", "rows", "bounds", "_taken", "_done", "_cond", "error")
+    __slots__ = ("matchers", "buf", "rows", "bounds", "after", "_taken", "_done", "_cond", "error")
 
     def __init__(
-        self, matchers: list[Any], buf: torch.Tensor, rows: list[int], bounds: list
+        self,
+        matchers: list[Any],
+        buf: torch.Tensor,
+        rows: list[int],
+        bounds: list,
+        after: Callable[[int, int], None] | None = None,
     ) -> None:
         self.matchers, self.buf, self.rows, self.bounds = matchers, buf, rows, bounds
+        self.after = after
         self._taken = iter(range(len(bounds)))  # next() on it is atomic under the GIL
         self._done = 0
         self._cond = threading.Condition()
@@ -155,6 +171,8 @@ class _Job:
             a, b = self.bounds[i]
             try:
                 batch.batch_fill_next_token_bitmask(self.matchers[a:b], self.buf, self.rows[a:b])
+                if self.after is not None:
+                    self.after(a, b)
             except BaseException as e:  # raised again in the thread that called fill
                 self.error = e
             with self._cond:
@@ -246,13 +264,17 @@ class BitmaskFiller:
                 todo.append(m)
                 todo_rows.append(r)
                 keys.append(key)
+
+            def after(a: int, b: int) -> None:  # on the thread that filled them
+                for i in range(a, b):
+                    m, r, key = todo[i], todo_rows[i], keys[i]
+                    if key is not None:
+                        m.memo[key] = view[r].copy()
+                    if getattr(m, "probe", 0):
+                        keep_if_free(m, view[r])
+
             if todo:
-                self._shared.fill(todo, buf, todo_rows)
-            for r, m, key in zip(todo_rows, todo, keys, strict=True):
-                if key is not None:
-                    m.memo[key] = view[r].copy()
-                if getattr(m, "probe", 0):
-                    keep_if_free(m, view[r])
+                self._shared.fill(todo, buf, todo_rows, after)
             active = np.asarray(rows, dtype=np.int64)
             if guard is not None:
                 guard.apply(view, rows, matchers)

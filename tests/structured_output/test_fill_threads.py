@@ -100,3 +100,32 @@ def test_the_engine_fills_on_the_threads_its_setting_resolves_to(qwen3):
             assert manager.filler._shared.helpers == fill_threads_for(setting) - 1
         finally:
             manager.close()
+
+
+def test_work_after_each_chunk_runs_once_per_row_and_its_errors_reach_the_caller(qwen3):
+    """`SharedFill`'s ``after`` hook (where kept string masks are checked) covers every
+    row exactly once, on whichever thread filled it; an error it raises on a helper is
+    raised by ``fill``, and the next fill works."""
+    from structured_output.bitmask import SharedFill
+
+    lc = LocalCompiler(qwen3, CompileOptions(max_whitespace=16))
+    g = lc.compile(GrammarSpec.of("json_schema", json.dumps({"type": "array"})))
+    matchers = [lc.matcher(g) for _ in range(40)]
+    buf = torch.zeros((40, (qwen3.vocab_rows + 31) // 32), dtype=torch.int32)
+    shared = SharedFill(helpers=3, chunk=4)
+    try:
+        seen: list[int] = []
+        shared.fill(matchers, buf, list(range(40)), lambda a, b: seen.extend(range(a, b)))
+        assert sorted(seen) == list(range(40))
+
+        def fail(a: int, b: int) -> None:
+            if a >= 20:
+                raise RuntimeError("after failed")
+
+        with pytest.raises(RuntimeError, match="after failed"):
+            shared.fill(matchers, buf, list(range(40)), fail)
+        seen.clear()
+        shared.fill(matchers, buf, list(range(40)), lambda a, b: seen.extend(range(a, b)))
+        assert sorted(seen) == list(range(40))
+    finally:
+        shared.close()
