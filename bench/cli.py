@@ -1,6 +1,6 @@
-"""thinkgate bench fill|apply|sample|e2e|throughput|jump|drafts|latency|http|startup:
-measure the engine's structured-output paths side by side with the usual way, the engine process
-around the model, its throughput against transformers, its start-up, and the HTTP
+"""thinkgate bench fill|apply|sample|e2e|throughput|jump|drafts|latency|http|startup|strings|
+escapes: measure the engine's structured-output paths side by side with the usual way,
+the engine process around the model, its throughput against transformers, its start-up, and the HTTP
 server. See bench/README.md."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ MODULES = {
     "http": "http_api",
     "startup": "startup",
     "strings": "strings",
+    "escapes": "escapes",
 }
 #: benches of an engine line against a baseline line per size (`pair_table`, `pair_plot`)
 PAIRED = ("fill", "apply")
@@ -328,6 +329,13 @@ def parser() -> argparse.ArgumentParser:
     )
     _common(p, iters=0, warmup=0)
     p.add_argument("--docs", type=int, default=60, help="documents per grammar (default 60)")
+    p = sub.add_parser(
+        "escapes",
+        help="decoding JSON strings full of escapes (a program, Windows paths, text as \\u "
+        "escapes) a row at a time: the engine, the engine remembering nothing mid-escape, "
+        "and xgrammar's default",
+    )
+    _common(p, iters=9, warmup=1)
     return ap
 
 

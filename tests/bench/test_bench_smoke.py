@@ -217,3 +217,18 @@ def test_strings(tmp_path, capsys):
         assert x["repeats_with_equal_masks"] == x["repeats"]
     assert sum(r["extra"]["repeats"] for r in records) > 0
     assert "equal masks" in capsys.readouterr().out
+
+
+def test_escapes(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["escapes", "--iters", "1", "--warmup", "0", "--json", str(out)]) == 0
+    records = _records(out)
+    got = {(r["extra"]["document"], r["grammars"][0], r["method"]) for r in records}
+    docs = {"program", "windows_paths", "escaped_cjk"}
+    kinds = {"json_schema", "json_object"}
+    methods = {"engine", "no_memo", "baseline"}
+    assert got == {(d, k, m) for d in docs for k in kinds for m in methods}
+    for r in records:
+        assert r["median_us"] > 0 and r["extra"]["tokens"] > 20
+        assert (r["ratio"] is None) == (r["method"] == "engine")
+    assert "no memo" in capsys.readouterr().out
