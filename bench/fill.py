@@ -22,8 +22,12 @@
   whole guard costs.
 - ``unkept``: the engine as configured, but its matchers keep no mask inside free JSON
   strings (`structured_output.string_masks`): every row filled every step.
-  ``unkept / engine`` is what kept masks save; only ``--walk`` shows it, since fixed
-  states are filled as their first fill.
+  ``unkept / engine`` is what kept masks save.
+
+Without ``--walk``, every step fills the same states, each left as a decode that wrote
+the row's prefix token by token leaves it (`states.decoded_rows`): a row inside a free
+string copies its kept mask, a row at a string's start fills and checks, step after
+step.
 
 Each method has its own matchers, all in the same states (`bench.states`); filling
 does not change a matcher's state.
@@ -166,13 +170,15 @@ def run(args: argparse.Namespace) -> list[Record]:
             )
             for guard in (states.guard(vocab_name), states.guard(vocab_name, None), None)
         )
+        # the same states every step: each as a decode leaves it, step after step
+        decoded = None if args.walk else states.decoded_rows(rows)
         for b in args.batch_sizes:
             methods = _methods(engine, bound_off, unguarded, rows[:b], v.vocab_rows, cuda)
             check(v, rows[:b], methods["engine"]()().buffer, methods)
             if args.walk:
                 step = lambda rows=rows[:b]: states.advance(rows)  # noqa: E731
-            else:  # the same states every step: each fill is their first
-                step = states.first_fills(rows[:b])
+            else:
+                step = decoded(b)
             times = side_by_side(
                 methods, iters=args.iters, warmup=args.warmup, device=args.device, between=step
             )

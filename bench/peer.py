@@ -224,19 +224,20 @@ def run(args: argparse.Namespace) -> list[Record]:
         guides[name] = [RequestGuide(None, m) for m in matchers]
         fillers[name] = filler(local.guard if name != "unguarded" else None)
 
-    def first_fills(b: int) -> Callable[[], None]:
-        """The states stay put, so each step is their first fill: no kept string mask
-        (`structured_output.string_masks`) is copied that a decode would not keep. Only
-        the ``b`` rows timed are touched (touching all of them would leave every step
-        to start from cold caches, as vLLM's never do)."""
-        last = [ids[-1] if ids else None for _, ids in rows[:b]]
+    # each state as a decode that wrote its prefix leaves it, put back before each step
+    # (only the ``b`` rows timed: touching all of them would leave every step to start
+    # from cold caches, as vLLM's never do)
+    decoded = states.as_decoded(
+        [[side[i].matcher for side in guides.values()] for i in range(biggest)],
+        [ids for _, ids in rows],
+    )
 
-        def drop() -> None:
-            for side in guides.values():
-                for t, g in zip(last, side[:b], strict=True):
-                    g.matcher.drop_kept(t)
+    def restore(b: int) -> Callable[[], None]:
+        def run() -> None:
+            for h in decoded[:b]:
+                h()
 
-        return drop
+        return run
 
     # the peer's log beside the results, else in the temporary folder (not the tree)
     out_dir = Path(args.json).parent if args.json else Path(tempfile.gettempdir())
@@ -282,7 +283,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                             iters=args.iters - args.warmup,
                             warmup=args.warmup,
                             device="cpu",
-                            between=first_fills(b),
+                            between=restore(b),
                         )
                         for side, got in ours.items():
                             times[b].setdefault(side, []).extend(got.tolist())

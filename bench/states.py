@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+import numpy as np
+
 from frontend.tool_formats import FunctionTool, create_tool_format
 from structured_output.specs import CompileOptions, GrammarSpec, compile_constraint
 from tokenization import Tokenizer, load_tokenizer
@@ -430,20 +432,60 @@ class Row:
         return [m for m in ms if m is not None]
 
 
-def first_fills(rows: list[Row]) -> Callable[[], None]:
-    """A hook that makes each row's next fill its first at its state again: the kept
-    string masks (`structured_output.string_masks`) dropped, and the check after the
-    fill asked for where accepting the row's last token asked for it. For the benches
-    that fill the same states step after step, which would otherwise copy kept masks
-    no decode would keep (its state moves every step)."""
-    last = [r.document[r.position - 1] if r.position else None for r in rows]
+def as_decoded(matchers: list[list[Any]], prefixes: list[list[int]]) -> list[Callable[[], None]]:
+    """For the benches that fill the same states step after step: per row, a hook that
+    puts the row's engine matchers back as a decode that wrote its prefix token by token
+    leaves them (where it keeps a string's mask, which check it owes after a fill, what
+    it remembers mid-escape; `structured_output.string_masks`), so that each step costs
+    what the decode's step at that state costs. Each matcher is reset and replays its
+    prefix through a one-row filler of its own guard, once, here."""
+    from structured_output.bitmask import BitmaskFiller
+    from structured_output.guide import RequestGuide
 
-    def reset() -> None:
-        for r, t in zip(rows, last, strict=True):
-            for m in r.engine_matchers():
-                m.drop_kept(t)
+    fillers: dict[int, Any] = {}
+    hooks = []
+    for ms, prefix in zip(matchers, prefixes, strict=True):
+        saved = []
+        for m in ms:
+            table = m.guard
+            filler = fillers.get(id(table))
+            if filler is None:
+                filler = fillers[id(table)] = BitmaskFiller(
+                    1, table.plain.vocab_rows, guard=table, batch_threshold=2
+                )
+            m.reset()
+            guide = [RequestGuide(None, m)]
+            for t in prefix:
+                filler.fill([0], guide)
+                if not m.accept_token(t):
+                    raise AssertionError(f"a matcher rejected token {t} of its own prefix")
+            kept = None if m.kept is None else m.kept.copy()
+            memo = None if m.memo is None else dict(m.memo)
+            saved.append((m, m.keep, m.probe, m.rearm, m._table, kept, memo))
 
-    return reset
+        def restore(saved: list = saved) -> None:
+            for m, keep, probe, rearm, table, kept, memo in saved:
+                m.keep, m.probe, m.rearm, m._table = keep, probe, rearm, table
+                if kept is not None:
+                    np.copyto(m.kept, kept)
+                m.memo = None if memo is None else dict(memo)
+
+        hooks.append(restore)
+    return hooks
+
+
+def decoded_rows(rows: list[Row]) -> Callable[[int], Callable[[], None]]:
+    """`as_decoded` for the engine's matchers of ``rows``: a hook over the first ``b``."""
+    hooks = as_decoded([r.engine_matchers() for r in rows], [r.prefix for r in rows])
+
+    def first(b: int) -> Callable[[], None]:
+        def restore() -> None:
+            for h in hooks[:b]:
+                h()
+
+        return restore
+
+    return first
 
 
 def advance(rows: list[Row]) -> None:

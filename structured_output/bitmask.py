@@ -259,7 +259,7 @@ class BitmaskFiller:
                 if key is not None and (hit := m.memo.get(key)) is not None:
                     view[r] = hit
                     if getattr(m, "probe", 0):  # back at the string's text: kept again
-                        keep_if_free(m, view[r])
+                        keep_if_free(m, view[r], key)
                     continue
                 todo.append(m)
                 todo_rows.append(r)
@@ -268,10 +268,10 @@ class BitmaskFiller:
             def after(a: int, b: int) -> None:  # on the thread that filled them
                 for i in range(a, b):
                     m, r, key = todo[i], todo_rows[i], keys[i]
-                    if key is not None:
-                        m.memo[key] = view[r].copy()
                     if getattr(m, "probe", 0):
-                        keep_if_free(m, view[r])
+                        keep_if_free(m, view[r], key)
+                    if key is not None:  # the string's start too: back there after escapes
+                        m.memo[key] = view[r].copy()
 
             if todo:
                 self._shared.fill(todo, buf, todo_rows, after)
@@ -290,13 +290,13 @@ class BitmaskFiller:
                     view[r] = hit
                     restricts = True  # inside a string: always restricted
                     if getattr(m, "probe", 0):  # back at the string's text: kept again
-                        keep_if_free(m, view[r])
+                        keep_if_free(m, view[r], key)
                 else:
                     restricts = fill(m, buf, r)
-                    if key is not None:
-                        m.memo[key] = view[r].copy()
                     if getattr(m, "probe", 0):
-                        keep_if_free(m, view[r])
+                        keep_if_free(m, view[r], key)
+                    if key is not None:  # the string's start too: back there after escapes
+                        m.memo[key] = view[r].copy()
                 q = getattr(m, "guard_state", -1)
                 if guard_one is not None and q >= 0 and guard_one(view, r, q, m.guard_lenient):
                     restricts = True

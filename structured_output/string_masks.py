@@ -270,12 +270,13 @@ class KeptStrings:
             found = self._tables[rules] = np.bitwise_and.reduce(tables).tobytes()
         return found
 
-    def check(self, matcher: Any) -> bytes | None:
+    def check(self, matcher: Any, found: tuple | None = None) -> bytes | None:
         """Where every parser state of ``matcher`` stands at the start of a self-loop
         rule (one rule, or several side by side: xgrammar's JSON object values end
         either before a comma or before a brace), the table of tokens plain in all of
-        them; else None."""
-        found = tuple(_STATE.findall(_state(matcher)))  # (rule, point, sub), as printed
+        them; else None. ``found``: its states as read already (`memo_key`)."""
+        if found is None:
+            found = tuple(_STATE.findall(_state(matcher)))  # (rule, point, sub) as printed
         try:
             return self._verdicts[found]
         except KeyError:
@@ -327,12 +328,12 @@ def _state(matcher: Any) -> str:
     return xgr.GrammarMatcher._debug_print_internal_state(matcher)
 
 
-def keep_if_free(matcher: Any, words: np.ndarray) -> None:
+def keep_if_free(matcher: Any, words: np.ndarray, found: tuple | None = None) -> None:
     """After ``matcher``'s fill into ``words`` (its row, uint32), where it asked for a
     check (``probe``): keep the row when its states stand at a self-loop rule's start.
     ``matcher`` is a `guard.GuardedMatcher`; its lexer tells whether it may be inside a
     string at all, and the row whether a free string's characters are allowed, before
-    its states are read."""
+    its states are read (``found``: as read already, by `memo_key`)."""
     matcher.probe = 0
     su = matcher.guard_state // matcher._k
     if su != matcher._check_at:  # mid-escape or mid-character: after the next token
@@ -344,7 +345,9 @@ def keep_if_free(matcher: Any, words: np.ndarray) -> None:
             matcher.rearm = 1  # (which the guard's lexer does not follow): look again
             return
     matcher.rearm = 0
-    table = kept.check(matcher)
+    if found is None:
+        found = tuple(_STATE.findall(_state(matcher)))
+    table = kept.check(matcher, found)
     if table is None:
         return
     if matcher.kept is None:
@@ -353,7 +356,9 @@ def keep_if_free(matcher: Any, words: np.ndarray) -> None:
     matcher.keep = 1
     matcher._table = table
     if matcher.memo is None and matcher.guard_lexes_strings:
-        matcher.memo = {}  # this string's masks mid-escape, until its lexer leaves it
+        # this string's masks mid-escape, until its lexer leaves it; its start's too,
+        # where each escape leads back
+        matcher.memo = {found: words.copy()}
 
 
 def memo_key(matcher: Any) -> tuple[tuple[str, str, str], ...] | None:
