@@ -21,8 +21,8 @@
   engine runs: its masks are the grammar's alone); ``engine / unguarded`` is what the
   whole guard costs.
 - ``unkept``: the engine as configured, but its matchers keep no mask inside free JSON
-  strings (`structured_output.string_masks`): every row filled every step.
-  ``unkept / engine`` is what kept masks save.
+  strings and remember none mid-escape (`structured_output.string_masks`): every row
+  filled every step. ``unkept / engine`` is what both save.
 
 Without ``--walk``, every step fills the same states, each left as a decode that wrote
 the row's prefix token by token leaves it (`states.decoded_rows`): a row inside a free
