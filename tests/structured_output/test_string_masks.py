@@ -52,6 +52,12 @@ def _compilers(tok):
     return LocalCompiler(tok, CompileOptions(max_whitespace=16))
 
 
+@pytest.fixture(scope="module")
+def lc(qwen3):
+    """One compiler and guard table for the module (each costs about half a second)."""
+    return _compilers(qwen3)
+
+
 def _grammars(lc):
     out = [lc.compile(GrammarSpec.of("json_schema", json.dumps(s))) for s in SCHEMAS]
     out.append(lc.compile(states.SPECS["hermes_tag"]))
@@ -120,22 +126,19 @@ def _walk(lc, grammars, tok, rows: int, steps: int, seed: int) -> tuple[int, int
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_kept_masks_equal_fresh_fills_row_by_row(qwen3, seed):
-    lc = _compilers(qwen3)
+def test_kept_masks_equal_fresh_fills_row_by_row(qwen3, lc, seed):
     kept, total = _walk(lc, _grammars(lc), qwen3, rows=5, steps=300, seed=seed)
     assert kept > total // 20, (kept, total)  # the masks were kept, and often
 
 
-def test_kept_masks_equal_fresh_fills_threaded(qwen3):
-    lc = _compilers(qwen3)
+def test_kept_masks_equal_fresh_fills_threaded(qwen3, lc):
     kept, total = _walk(lc, _grammars(lc), qwen3, rows=40, steps=80, seed=4)
     assert kept > total // 20, (kept, total)
 
 
-def test_documents_walked_keep_masks_inside_their_strings(qwen3):
+def test_documents_walked_keep_masks_inside_their_strings(qwen3, lc):
     """The bench's documents, token by token: strings' text is mostly kept, and every
     kept mask is the fresh one."""
-    lc = _compilers(qwen3)
     v = states.vocab("qwen3")
     grammar = lc.compile(states.SPECS["hermes_tag"])
     rng = random.Random(5)
@@ -172,12 +175,11 @@ ESCAPED = {
 
 @pytest.mark.parametrize("text", ESCAPED)
 @pytest.mark.parametrize("grammar", ["builtin", "schema", "json_object"])
-def test_masks_mid_escape_are_remembered_within_their_string(qwen3, text, grammar):
+def test_masks_mid_escape_are_remembered_within_their_string(qwen3, lc, text, grammar):
     """Within one string, the masks mid-escape (after a backslash, in a ``\\u``
     escape's digits, where xgrammar's fills cost milliseconds) are filled once per
     point and copied after: each equal to a fresh fill, and fewer than 30% of the steps
     ask xgrammar (without the memo: 36% for the program, 98% for the escaped text)."""
-    lc = _compilers(qwen3)
     if grammar == "builtin":
         g = _builtin_json(lc)
     elif grammar == "json_object":  # keys and values read by one string rule
@@ -203,8 +205,7 @@ def test_masks_mid_escape_are_remembered_within_their_string(qwen3, text, gramma
         assert len(fills) < 0.3 * len(ids), (len(fills), len(ids))
 
 
-def test_self_loop_rules_are_read_from_the_grammars_text(qwen3):
-    lc = _compilers(qwen3)
+def test_self_loop_rules_are_read_from_the_grammars_text(qwen3, lc):
     free, limited, hermes = (
         lc.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMAS[0]))),
         lc.compile(
