@@ -123,11 +123,14 @@ class SharedFill:
         matchers: list[Any],
         buf: torch.Tensor,
         rows: list[int],
-        after: Callable[[int, int], None] | None = None,
+        before: Callable[[int, int], list[int]] | None = None,
+        after: Callable[[list[int]], None] | None = None,
     ) -> None:
-        """Fill ``rows`` of ``buf`` from ``matchers``; ``after(a, b)``, if given, runs on
-        the thread that filled ``matchers[a:b]``, right after (holding the GIL while the
-        other threads' fills go on without it)."""
+        """Fill ``rows`` of ``buf`` from ``matchers``, a chunk ``[a, b)`` of them at a
+        time. Per chunk, on the thread that takes it (holding the GIL while the other
+        threads' fills go on without it): ``before(a, b)``, if given, says which of its
+        indexes to fill (it deals with the others itself), and ``after(indexes)`` runs
+        right after their fill."""
         if self.helpers and not self._jobs:
             self._start()  # the first fill starts the helpers
         n = len(rows)
@@ -135,7 +138,7 @@ class SharedFill:
         # allow it, so that a late thread leaves work to the others to take
         size = max(1, min(self.chunk, -(-n // (2 * (self.helpers + 1)))))
         bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
-        job = _Job(matchers, buf, rows, bounds, after)
+        job = _Job(matchers, buf, rows, bounds, before, after)
         for jobs in self._jobs:
             jobs.put(job)
         job.work(self._own)
@@ -149,7 +152,18 @@ class SharedFill:
 
 
 class _Job:
-    __slots__ = ("matchers", "buf", "rows", "bounds", "after", "_taken", "_done", "_cond", "error")
+    __slots__ = (
+        "matchers",
+        "buf",
+        "rows",
+        "bounds",
+        "before",
+        "after",
+        "_taken",
+        "_done",
+        "_cond",
+        "error",
+    )
 
     def __init__(
         self,
@@ -157,10 +171,11 @@ class _Job:
         buf: torch.Tensor,
         rows: list[int],
         bounds: list,
-        after: Callable[[int, int], None] | None = None,
+        before: Callable[[int, int], list[int]] | None = None,
+        after: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.matchers, self.buf, self.rows, self.bounds = matchers, buf, rows, bounds
-        self.after = after
+        self.before, self.after = before, after
         self._taken = iter(range(len(bounds)))  # next() on it is atomic under the GIL
         self._done = 0
         self._cond = threading.Condition()
@@ -170,9 +185,19 @@ class _Job:
         for i in self._taken:
             a, b = self.bounds[i]
             try:
-                batch.batch_fill_next_token_bitmask(self.matchers[a:b], self.buf, self.rows[a:b])
-                if self.after is not None:
-                    self.after(a, b)
+                if self.before is None:
+                    todo = list(range(a, b))
+                    batch.batch_fill_next_token_bitmask(
+                        self.matchers[a:b], self.buf, self.rows[a:b]
+                    )
+                else:
+                    todo = self.before(a, b)
+                    if todo:
+                        batch.batch_fill_next_token_bitmask(
+                            [self.matchers[i] for i in todo], self.buf, [self.rows[i] for i in todo]
+                        )
+                if self.after is not None and todo:
+                    self.after(todo)
             except BaseException as e:  # raised again in the thread that called fill
                 self.error = e
             with self._cond:
@@ -249,32 +274,36 @@ class BitmaskFiller:
         matchers = [g.matcher for g in guides]
         guard = self.guard
         if len(rows) >= self.batch_threshold:
-            # rows whose mask is kept (inside a free string) are copied, not filled
-            todo, todo_rows, keys = [], [], []
-            for r, m in zip(rows, matchers, strict=True):
-                if getattr(m, "keep", 0):
-                    view[r] = m.kept
-                    continue
-                key = _memo_key(m)
-                if key is not None and (hit := m.memo.get(key)) is not None:
-                    view[r] = hit
-                    if getattr(m, "probe", 0):  # back at the string's text: kept again
-                        keep_if_free(m, view[r], key)
-                    continue
-                todo.append(m)
-                todo_rows.append(r)
-                keys.append(key)
+            # rows whose mask is kept (inside a free string) are copied, not filled; each
+            # chunk sorts its rows on the thread that takes it, overlapping other fills
+            keys: list[Any] = [None] * len(rows)
 
-            def after(a: int, b: int) -> None:  # on the thread that filled them
+            def before(a: int, b: int) -> list[int]:
+                todo = []
                 for i in range(a, b):
-                    m, r, key = todo[i], todo_rows[i], keys[i]
+                    m, r = matchers[i], rows[i]
+                    if getattr(m, "keep", 0):
+                        view[r] = m.kept
+                        continue
+                    key = _memo_key(m)
+                    if key is not None and (hit := m.memo.get(key)) is not None:
+                        view[r] = hit
+                        if getattr(m, "probe", 0):  # back at the string's text: kept again
+                            keep_if_free(m, view[r], key)
+                        continue
+                    keys[i] = key
+                    todo.append(i)
+                return todo
+
+            def after(todo: list[int]) -> None:  # on the thread that filled them
+                for i in todo:
+                    m, r, key = matchers[i], rows[i], keys[i]
                     if getattr(m, "probe", 0):
                         keep_if_free(m, view[r], key)
                     if key is not None:  # the string's start too: back there after escapes
                         m.memo[key] = view[r].copy()
 
-            if todo:
-                self._shared.fill(todo, buf, todo_rows, after)
+            self._shared.fill(matchers, buf, list(rows), before, after)
             active = np.asarray(rows, dtype=np.int64)
             if guard is not None:
                 guard.apply(view, rows, matchers)

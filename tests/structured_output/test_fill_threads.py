@@ -102,10 +102,11 @@ def test_the_engine_fills_on_the_threads_its_setting_resolves_to(qwen3):
             manager.close()
 
 
-def test_work_after_each_chunk_runs_once_per_row_and_its_errors_reach_the_caller(qwen3):
-    """`SharedFill`'s ``after`` hook (where kept string masks are checked) covers every
-    row exactly once, on whichever thread filled it; an error it raises on a helper is
-    raised by ``fill``, and the next fill works."""
+def test_work_around_each_chunk_covers_each_row_once_and_its_errors_reach_the_caller(qwen3):
+    """`SharedFill`'s hooks (where kept string masks are copied and checked): ``before``
+    sees every row exactly once, on whichever thread takes its chunk, and only the rows
+    it returns are filled and passed to ``after``; an error raised on a helper is raised
+    by ``fill``, and the next fill works."""
     from structured_output.bitmask import SharedFill
 
     lc = LocalCompiler(qwen3, CompileOptions(max_whitespace=16))
@@ -115,17 +116,26 @@ def test_work_after_each_chunk_runs_once_per_row_and_its_errors_reach_the_caller
     shared = SharedFill(helpers=3, chunk=4)
     try:
         seen: list[int] = []
-        shared.fill(matchers, buf, list(range(40)), lambda a, b: seen.extend(range(a, b)))
-        assert sorted(seen) == list(range(40))
+        filled: list[int] = []
 
-        def fail(a: int, b: int) -> None:
-            if a >= 20:
+        def evens(a: int, b: int) -> list[int]:
+            seen.extend(range(a, b))
+            return [i for i in range(a, b) if i % 2 == 0]
+
+        shared.fill(matchers, buf, list(range(40)), evens, filled.extend)
+        assert sorted(seen) == list(range(40))
+        assert sorted(filled) == list(range(0, 40, 2))
+        rows_set = buf.numpy().any(axis=1)
+        assert rows_set[::2].all() and not rows_set[1::2].any()  # only those were filled
+
+        def fail(todo: list[int]) -> None:
+            if todo[0] >= 20:
                 raise RuntimeError("after failed")
 
         with pytest.raises(RuntimeError, match="after failed"):
-            shared.fill(matchers, buf, list(range(40)), fail)
-        seen.clear()
-        shared.fill(matchers, buf, list(range(40)), lambda a, b: seen.extend(range(a, b)))
-        assert sorted(seen) == list(range(40))
+            shared.fill(matchers, buf, list(range(40)), None, fail)
+        filled.clear()
+        shared.fill(matchers, buf, list(range(40)), None, filled.extend)
+        assert sorted(filled) == list(range(40))
     finally:
         shared.close()
