@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .string_masks import keep_if_free, memo_key
+from .string_masks import keep_if_free, memo_hit, memo_key
 
 if TYPE_CHECKING:
     from .guard import GuardTable
@@ -286,7 +286,7 @@ class BitmaskFiller:
                         view[r] = m.kept
                         continue
                     key = _memo_key(m)
-                    if key is not None and (hit := m.memo.get(key)) is not None:
+                    if key is not None and (hit := memo_hit(m, key)) is not None:
                         view[r] = hit
                         if getattr(m, "probe", 0):  # back at the string's text: kept again
                             keep_if_free(m, view[r], key)
@@ -300,7 +300,7 @@ class BitmaskFiller:
                     m, r, key = matchers[i], rows[i], keys[i]
                     if getattr(m, "probe", 0):
                         keep_if_free(m, view[r], key)
-                    if key is not None:  # the string's start too: back there after escapes
+                    if key is not None and key not in m.memo:  # (a start: kept already)
                         m.memo[key] = view[r].copy()
 
             self._shared.fill(matchers, buf, list(rows), before, after)
@@ -315,7 +315,7 @@ class BitmaskFiller:
                 if getattr(m, "keep", 0):
                     view[r] = m.kept
                     restricts = True  # a string's end is always restricted
-                elif (key := _memo_key(m)) is not None and (hit := m.memo.get(key)) is not None:
+                elif (key := _memo_key(m)) is not None and (hit := memo_hit(m, key)) is not None:
                     view[r] = hit
                     restricts = True  # inside a string: always restricted
                     if getattr(m, "probe", 0):  # back at the string's text: kept again
@@ -324,7 +324,7 @@ class BitmaskFiller:
                     restricts = fill(m, buf, r)
                     if getattr(m, "probe", 0):
                         keep_if_free(m, view[r], key)
-                    if key is not None:  # the string's start too: back there after escapes
+                    if key is not None and key not in m.memo:  # (a start: kept already)
                         m.memo[key] = view[r].copy()
                 q = getattr(m, "guard_state", -1)
                 if guard_one is not None and q >= 0 and guard_one(view, r, q, m.guard_lenient):

@@ -246,6 +246,8 @@ class KeptStrings:
         #: parser points as printed ((rule, point, sub) per state) -> the table of the
         #: tokens plain in every rule when each point is its rule's start, else None
         self._verdicts: dict[tuple[tuple[str, str, str], ...], bytes | None] = {}
+        #: the same points, where they are starts: of which rules
+        self.starts_of: dict[tuple[tuple[str, str, str], ...], frozenset[int]] = {}
         #: ``0`` for a token after which a check is worth it: one that is plain in no
         #: self-loop rule (a quote, an escape), where a string may begin or resume
         self.any_plain = self._union() if self.rules else plain.every
@@ -297,9 +299,10 @@ class KeptStrings:
         # From each rule's start one plain character leads back to it, the rules waiting
         # alike; from within a character, or past a rule's end, it does not.
         fork = matcher.fork()  # a plain xgrammar matcher of the same state
-        if not fork.accept_string(c):
+        if not fork.accept_string(c) or _points(tuple(_STATE.findall(_state(fork)))) != points:
             return None
-        return table if _points(tuple(_STATE.findall(_state(fork)))) == points else None
+        self.starts_of[found] = rules
+        return table
 
     def _probe_char(self, rules: frozenset[int]) -> str | None:
         """An ASCII character plain in every one of ``rules``."""
@@ -355,10 +358,14 @@ def keep_if_free(matcher: Any, words: np.ndarray, found: tuple | None = None) ->
     np.copyto(matcher.kept, words)
     matcher.keep = 1
     matcher._table = table
-    if matcher.memo is None and matcher.guard_lexes_strings:
+    if matcher.guard_lexes_strings:
         # this string's masks mid-escape, until its lexer leaves it; its start's too,
-        # where each escape leads back
-        matcher.memo = {found: words.copy()}
+        # where each escape leads back (to these points, or to others found before to
+        # be starts of the same rules: `memo_hit`)
+        if matcher.memo is None:
+            matcher.memo = {}
+        start = matcher.memo.setdefault(("start", kept.starts_of[found]), words.copy())
+        matcher.memo.setdefault(found, start)
 
 
 def memo_key(matcher: Any) -> tuple[tuple[str, str, str], ...] | None:
@@ -369,6 +376,20 @@ def memo_key(matcher: Any) -> tuple[tuple[str, str, str], ...] | None:
     if not found or any(sub != "0" for _, _, sub in found):
         return None
     return found
+
+
+def memo_hit(matcher: Any, key: tuple) -> np.ndarray | None:
+    """The mask ``matcher`` remembers in its string for the points ``key``: the one
+    filled there, or where those points were found before (in any string of the
+    grammar) to be starts of the rules this string started in, the string's start mask:
+    the same rules waiting for the same end."""
+    memo = matcher.memo
+    hit = memo.get(key)
+    if hit is None:
+        rules = matcher._kept.starts_of.get(key)
+        if rules is not None:
+            hit = memo.get(("start", rules))
+    return hit
 
 
 def kept_for(grammar: Any, plain: PlainTables) -> KeptStrings:
