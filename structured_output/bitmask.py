@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .string_masks import keep_if_free, memo_hit, memo_key
+from .string_masks import after_fill, known_mask
 
 if TYPE_CHECKING:
     from .guard import GuardTable
@@ -81,12 +81,6 @@ class FilledMask:
 
     def __len__(self) -> int:
         return len(self.rows)
-
-
-def _memo_key(m: Any) -> Any:
-    """The key of ``m``'s mask in the memo of the string it is writing, if it has one
-    (`string_masks.memo_key`)."""
-    return memo_key(m) if getattr(m, "memo", None) is not None else None
 
 
 class SharedFill:
@@ -281,27 +275,14 @@ class BitmaskFiller:
             def before(a: int, b: int) -> list[int]:
                 todo = []
                 for i in range(a, b):
-                    m, r = matchers[i], rows[i]
-                    if getattr(m, "keep", 0):
-                        view[r] = m.kept
-                        continue
-                    key = _memo_key(m)
-                    if key is not None and (hit := memo_hit(m, key)) is not None:
-                        view[r] = hit
-                        if getattr(m, "probe", 0):  # back at the string's text: kept again
-                            keep_if_free(m, view[r], key)
-                        continue
-                    keys[i] = key
-                    todo.append(i)
+                    copied, keys[i] = known_mask(matchers[i], view, rows[i])
+                    if not copied:
+                        todo.append(i)
                 return todo
 
             def after(todo: list[int]) -> None:  # on the thread that filled them
                 for i in todo:
-                    m, r, key = matchers[i], rows[i], keys[i]
-                    if getattr(m, "probe", 0):
-                        keep_if_free(m, view[r], key)
-                    if key is not None and key not in m.memo:  # (a start: kept already)
-                        m.memo[key] = view[r].copy()
+                    after_fill(matchers[i], view, rows[i], keys[i])
 
             self._shared.fill(matchers, buf, list(rows), before, after)
             active = np.asarray(rows, dtype=np.int64)
@@ -312,20 +293,12 @@ class BitmaskFiller:
             guard_one = guard.apply_one if guard is not None else None
             kept = []
             for r, m in zip(rows, matchers, strict=True):
-                if getattr(m, "keep", 0):
-                    view[r] = m.kept
-                    restricts = True  # a string's end is always restricted
-                elif (key := _memo_key(m)) is not None and (hit := memo_hit(m, key)) is not None:
-                    view[r] = hit
+                copied, key = known_mask(m, view, r)
+                if copied:
                     restricts = True  # inside a string: always restricted
-                    if getattr(m, "probe", 0):  # back at the string's text: kept again
-                        keep_if_free(m, view[r], key)
                 else:
                     restricts = fill(m, buf, r)
-                    if getattr(m, "probe", 0):
-                        keep_if_free(m, view[r], key)
-                    if key is not None and key not in m.memo:  # (a start: kept already)
-                        m.memo[key] = view[r].copy()
+                    after_fill(m, view, r, key)
                 q = getattr(m, "guard_state", -1)
                 if guard_one is not None and q >= 0 and guard_one(view, r, q, m.guard_lenient):
                     restricts = True

@@ -531,14 +531,6 @@ class GuardedMatcher(xgr.GrammarMatcher):
         self.probe = self.rearm = self._keeps
         self._table, self.memo = self._any, None
 
-    def drop_kept(self, last_token: int | None = None) -> None:
-        """Forget a kept string mask, as if no fill had happened since ``last_token``
-        was accepted (None: since a reset). For the benches that fill one state again
-        and again, every step its first fill."""
-        self._forget()
-        if last_token is not None:
-            self.probe = self._any[last_token] ^ 1
-
     def accept_string(self, input_str: str | bytes, *, debug_print: bool = False) -> bool:
         if not self._h.accept_string(input_str, debug_print):
             return False

@@ -364,7 +364,10 @@ def keep_if_free(matcher: Any, words: np.ndarray, found: tuple | None = None) ->
         # be starts of the same rules: `memo_hit`)
         if matcher.memo is None:
             matcher.memo = {}
-        start = matcher.memo.setdefault(("start", kept.starts_of[found]), words.copy())
+        at = ("start", kept.starts_of[found])
+        start = matcher.memo.get(at)
+        if start is None:
+            start = matcher.memo[at] = words.copy()
         matcher.memo.setdefault(found, start)
 
 
@@ -390,6 +393,36 @@ def memo_hit(matcher: Any, key: tuple) -> np.ndarray | None:
         if rules is not None:
             hit = memo.get(("start", rules))
     return hit
+
+
+def known_mask(matcher: Any, view: np.ndarray, row: int) -> tuple[bool, Any]:
+    """Before a fill: where ``matcher`` keeps its mask, or remembers it in its string's
+    memo, copy it into ``view[row]``. Returns whether it did, and the memo key to give
+    `after_fill` (None: nothing to remember)."""
+    if getattr(matcher, "keep", 0):
+        view[row] = matcher.kept
+        return True, None
+    if getattr(matcher, "memo", None) is None:
+        return False, None
+    key = memo_key(matcher)
+    if key is None:
+        return False, None
+    hit = memo_hit(matcher, key)
+    if hit is None:
+        return False, key
+    view[row] = hit
+    if matcher.probe:  # back at the string's text: kept again
+        keep_if_free(matcher, view[row], key)
+    return True, key
+
+
+def after_fill(matcher: Any, view: np.ndarray, row: int, key: Any) -> None:
+    """After ``matcher``'s fill into ``view[row]``: the check it asked for, and the mask
+    remembered under ``key`` (from `known_mask`)."""
+    if getattr(matcher, "probe", 0):
+        keep_if_free(matcher, view[row], key)
+    if key is not None and key not in matcher.memo:  # (a string's start: kept already)
+        matcher.memo[key] = view[row].copy()
 
 
 def kept_for(grammar: Any, plain: PlainTables) -> KeptStrings:
