@@ -36,7 +36,7 @@ from structured_output.config import StructuredOutputConfig
 from structured_output.guide import RequestGuide
 from tokenization import load_tokenizer
 
-from .common import Record, environment, p50
+from .common import Record, environment, pair_records
 
 PROGRAM = (
     "import json\n\n\ndef load(path):\n"
@@ -111,30 +111,20 @@ def run(args: argparse.Namespace) -> list[Record]:
                     took = methods[n]()
                     if i >= args.warmup:
                         times[n].append(took * 1e6)
-            engine_us = p50(np.asarray(times["engine"]))
-            for n, ts in times.items():
-                t = np.asarray(ts)
-                records.append(
-                    Record(
-                        bench="escapes",
-                        device="cpu",
-                        vocab="qwen3",
-                        vocab_rows=tok.vocab_rows,
-                        batch_size=1,
-                        method=n,
-                        median_us=round(p50(t), 1),
-                        p90_us=round(float(np.percentile(t, 90)), 1),
-                        per_row_median_us=round(p50(t) / len(ids), 2),
-                        per_row_p90_us=0.0,
-                        iters=args.iters,
-                        warmup=args.warmup,
-                        seed=args.seed,
-                        grammars=[kind],
-                        ratio=round(p50(t) / engine_us, 2) if n != "engine" else None,
-                        extra={"document": doc_name, "tokens": len(ids)},
-                        env=env,
-                    )
-                )
+            records += pair_records(
+                "escapes",
+                {n: np.asarray(ts) for n, ts in times.items()},
+                device="cpu",
+                vocab="qwen3",
+                vocab_rows=tok.vocab_rows,
+                batch_size=1,
+                iters=args.iters,
+                warmup=args.warmup,
+                seed=args.seed,
+                grammars=[kind],
+                env=env,
+                extra={"document": doc_name, "tokens": len(ids)},
+            )
     return records
 
 
@@ -181,10 +171,9 @@ def table(records: list[Record]) -> str:
     for r in records:
         by.setdefault((r.extra["document"], r.grammars[0]), {})[r.method] = r
     for (doc, kind), m in by.items():
-        e, n, b = m["engine"], m["no_memo"], m["baseline"]
+        e, n, b = (m[x].median_us for x in ("engine", "no_memo", "baseline"))
         lines.append(
-            f"{doc:<15}{kind:<13}{e.extra['tokens']:>7}{e.median_us / 1e3:>8.2f} ms"
-            f"{n.median_us / 1e3:>8.2f} ms{n.ratio:>6.2f}x{b.median_us / 1e3:>8.2f} ms"
-            f"{b.ratio:>6.2f}x"
+            f"{doc:<15}{kind:<13}{m['engine'].extra['tokens']:>7}{e / 1e3:>8.2f} ms"
+            f"{n / 1e3:>8.2f} ms{n / e:>6.2f}x{b / 1e3:>8.2f} ms{b / e:>6.2f}x"
         )
     return "\n".join(lines)
