@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from structured_output.bitmask import BitmaskFiller
 from structured_output.guard import GuardedGrammar
 from structured_output.guide import RequestGuide
 from structured_output.string_masks import PlainTables, self_loop_rules
+from tests.support.toolsets import tool_sets
+from tests.tool_formats.conftest import FAMILIES, format_for, tokenizer_for
 
 SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
@@ -157,6 +160,22 @@ def test_documents_walked_keep_masks_inside_their_strings(qwen3, lc):
             kept += k
             assert m.accept_token(t) and twin.accept_token(t)
     assert kept >= 20
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_tool_formats_forced_call_keeps_exact_masks(family):
+    """Every family of the tool-format registry, its forced-call constraint over a
+    generated tool set: rows walking random allowed tokens (steered through quotes,
+    escapes and end markers' first characters, with steps back now and then) get, step
+    after step, what a fresh fill gives, whether their mask was kept, remembered or
+    filled."""
+    tok, fmt = tokenizer_for(family), format_for(family)
+    seed = zlib.crc32(family.encode())
+    tools = next(tool_sets(seed, 1))
+    spec = fmt.constraint(tools, named=None, parallel=True)
+    lc = LocalCompiler(tok, CompileOptions(max_whitespace=16))
+    grammar = lc.compile(GrammarSpec.of(spec.kind.value, spec.value))
+    _walk(lc, [grammar], tok, rows=4, steps=120, seed=seed)
 
 
 CODE = (
