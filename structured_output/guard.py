@@ -151,6 +151,10 @@ class GuardTable:
         self._build_masks(lex)
         #: which tokens keep a free string's mask (`string_masks`), built when needed
         self.plain = PlainTables(tb, vocab_rows)
+        #: per ``state // k``, ``1`` per token that leaves a string from there, or may
+        #: (`lexing.lex_tokens`' ``left``): where a string's memo ends
+        left = [lex["left"][s].tobytes() for s in range(NUM_STATES)]
+        self.leaves = [left[s] for s in range(NUM_STATES) for _ in range(NUM_PENDING)]
         #: per ``state // k``: mid-escape or mid-character, where a string's text may
         #: resume with a token that is plain (the ``there`` after ``\\``)
         self.mid_text = bytes(
@@ -508,8 +512,7 @@ class GuardedMatcher(xgr.GrammarMatcher):
         #: lexer sees where the string ends), see `string_masks.memo_key`
         self.memo: dict | None = None
         self.guard_lexes_strings = json_text
-        self._out_end = (OUT + 1) * NUM_PENDING * self._k  # states below: outside strings
-        self._quotes = guard.plain.quotes
+        self._leaves = guard.leaves
 
     def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
         if not self._h.accept_token(token_id, debug_print):
@@ -518,8 +521,8 @@ class GuardedMatcher(xgr.GrammarMatcher):
         self._history.append(q)
         c = self._codes[q // self._k][token_id]
         self.guard_state = c if c >= 0 else min(q - c, self._cap)
-        if self.memo is not None and (self.guard_state < self._out_end or self._quotes[token_id]):
-            self.memo = None  # the string ended (or may have, and another begun)
+        if self.memo is not None and self._leaves[q // self._k][token_id]:
+            self.memo = None  # the string ended (and another may have begun: ``":"``)
         if self._table[token_id]:
             self.probe = self.rearm
         else:  # it may begin or resume a string (or left a kept one): check after a fill

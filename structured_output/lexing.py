@@ -80,8 +80,11 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
     (``lead``; the whole length for ``pure`` tokens, which are such whitespace only),
     the longest other such run (``inner``, the trailing one included), the run it ends
     with (``trail``), whether it is refused (``invalid``: it writes a lone surrogate
-    escape or a raw control character in a string) and whether for the latter alone
-    (``ctrl``); per
+    escape or a raw control character in a string), whether for the latter alone
+    (``ctrl``) and whether the text is outside any string at one of its byte
+    boundaries, its start and end included, or refused (``left``: from inside a
+    string, a token that may end it and begin the next, ``":"``, while ``\\"`` does
+    not); per
     UTF-8 pending state and token, the pending state it ends in (``pending``:
     `utf8.token_states`); and per token ``len``, ``first`` (its first byte),
     ``surrogate`` (it holds an encoded surrogate, ``ED A0..BF``) and the number of
@@ -125,7 +128,9 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
         "pure": np.zeros(shape, bool),
         "invalid": np.zeros(shape, bool),
         "ctrl": np.zeros(shape, bool),
+        "left": np.zeros(shape, bool),
     }
+    out["left"][OUT] = True
     runs = _runs(flat, owner, starts[nonempty], ends[nonempty], lengths)
     for key, value in zip(("lead", "inner", "trail", "pure"), runs, strict=True):
         out[key][OUT] = value  # quoting tokens: overwritten by their walk below
@@ -139,6 +144,7 @@ def lex_tokens(tb: list[bytes]) -> dict[str, Any]:
     block = np.ix_(escaping, plain)
     out["next"][block] = np.where(bad, STR, after)
     out["invalid"][block] = bad
+    out["left"][block] = bad
     go_on = np.nonzero(~bad & (after != STR) & (lengths[plain] > 1)[None, :])
     _walk(out, escaping[go_on[0]], after[go_on], plain[go_on[1]], 1, flat, starts, lengths, quoting)
     # tokens with quotes or backslashes, from every state but RAW, byte by byte
@@ -200,6 +206,7 @@ def _walk(
     lead = np.zeros(len(idx), np.int32)
     inner = np.zeros(len(idx), np.int32)
     only_ws = (st == OUT) & (pos == 0)  # from OUT, nothing but whitespace so far
+    seen = st == OUT  # outside strings at a byte boundary so far
     while len(idx):
         tok = tokens[idx]
         byte = flat[starts[tok] + pos]
@@ -216,6 +223,7 @@ def _walk(
             run[leave] = 0
             only_ws[leave] = False
         st = TABLE[st, byte]  # whitespace leaves OUT as it is
+        seen |= st == OUT
         bad = st >= INVALID
         done = bad | (lengths[tok] <= pos) | ((st == STR) & ~quoting[tok])
         if not done.any():
@@ -224,17 +232,19 @@ def _walk(
         out["next"][s, t] = np.where(b, STR, ended)
         out["invalid"][s, t] = b
         out["ctrl"][s, t] = ended == CTRL
+        out["left"][s, t] = seen[done] | b
         o, r = only_ws[done] & ~b, np.where(b, 0, run[done])
         out["lead"][s, t] = np.where(o, r, np.where(b, 0, lead[done]))
         out["inner"][s, t] = np.where(o | b, 0, np.maximum(inner[done], r))
         out["trail"][s, t] = np.where(o | (ended == OUT), r, 0)
         out["pure"][s, t] = o & (r > 0)
         keep = ~done
-        idx, st, run, lead, inner, only_ws = (
+        idx, st, run, lead, inner, only_ws, seen = (
             idx[keep],
             st[keep],
             run[keep],
             lead[keep],
             inner[keep],
             only_ws[keep],
+            seen[keep],
         )

@@ -175,11 +175,6 @@ class PlainTables:
         self.probe_ids = [i for i, b in enumerate(token_bytes[:vocab_rows]) if b in (b"q", b"Z")]
         #: the same, as (word, bit) of a row of uint32 words
         self.probe_bits = [(i >> 5, 1 << (i & 31)) for i in self.probe_ids]
-        #: ``1`` per token with a double quote: one that may end a JSON string (and
-        #: begin the next, ``":"``) without its end state showing it
-        self.quotes = bytes(int(b'"' in b) for b in token_bytes[:vocab_rows]).ljust(
-            vocab_rows, b"\x00"
-        )
 
     def warm(self) -> None:
         """Build what the first grammar with JSON strings would (the vocabulary's code

@@ -35,12 +35,13 @@ SURROGATE = re.compile(b"\xed[\xa0-\xbf]")
 NEXT = [[lexing.step(s, b) for b in range(256)] for s in range(NUM_STATES)]
 
 
-def lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool, bool, bool]:
-    """``(next, lead, inner, trail, pure, invalid, ctrl)`` of token ``b`` from lexical
-    state ``s``: a lone surrogate escape or a raw control character in a string ends in
-    ``STR``, invalid (``ctrl`` for the latter), with no runs."""
+def lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool, bool, bool, bool]:
+    """``(next, lead, inner, trail, pure, invalid, ctrl, left)`` of token ``b`` from
+    lexical state ``s``: a lone surrogate escape or a raw control character in a string
+    ends in ``STR``, invalid (``ctrl`` for the latter), with no runs; ``left``: the text
+    is outside strings before, between or after its bytes, or it is invalid."""
     run = lead = inner = 0
-    only_ws = s == OUT
+    only_ws = left = s == OUT
     for byte in b:
         if s == OUT and byte in WS:
             run += 1
@@ -54,10 +55,11 @@ def lex_one(b: bytes, s: int) -> tuple[int, int, int, int, bool, bool, bool]:
         only_ws = False
         s = NEXT[s][byte]
         if s >= INVALID:
-            return STR, 0, 0, 0, False, True, s == CTRL
+            return STR, 0, 0, 0, False, True, s == CTRL, True
+        left |= s == OUT
     if only_ws:
-        return s, run, 0, run, run > 0, False, False
-    return s, lead, max(inner, run), run if s == OUT else 0, False, False, False
+        return s, run, 0, run, run > 0, False, False, left
+    return s, lead, max(inner, run), run if s == OUT else 0, False, False, False, left
 
 
 def _spelling() -> bytes:
@@ -81,16 +83,17 @@ def reference_facts(tb: list[bytes]) -> dict[str, Any]:
     spelled = _spelling()
     kinds: dict[bytes, int] = {}
     kind = np.array([kinds.setdefault(b.translate(spelled), len(kinds)) for b in tb], np.int64)
-    raw = (RAW, 0, 0, 0, False, False, False)  # raw text is not lexed
-    lexed = np.array(  # [kinds, states, 7]
+    raw = (RAW, 0, 0, 0, False, False, False, False)  # raw text is not lexed
+    lexed = np.array(  # [kinds, states, 8]
         [[raw if s == RAW else lex_one(key, s) for s in range(NUM_STATES)] for key in kinds],
         np.int64,
-    ).reshape(len(kinds), NUM_STATES, 7)
+    ).reshape(len(kinds), NUM_STATES, 8)
     pending = np.array([[utf8.run_bytes(u, key) for u in range(NUM_PENDING)] for key in kinds])
     facts: dict[str, Any] = {}
-    for i, name in enumerate(("next", "lead", "inner", "trail", "pure", "invalid", "ctrl")):
+    names = ("next", "lead", "inner", "trail", "pure", "invalid", "ctrl", "left")
+    for i, name in enumerate(names):
         facts[name] = lexed[kind, :, i].T
-    for name in ("pure", "invalid", "ctrl"):
+    for name in ("pure", "invalid", "ctrl", "left"):
         facts[name] = facts[name].astype(bool)
     facts["pending"] = pending.reshape(len(kinds), NUM_PENDING)[kind].T
     facts["len"] = np.array([len(b) for b in tb])
@@ -126,6 +129,8 @@ def check_against_reference(table: GuardTable, facts: dict[str, Any]) -> None:
             if s == OUT and u == DONE:
                 want = np.where(facts["pure"][OUT], -facts["len"], want)
             np.testing.assert_array_equal(got, want, err_msg=f"codes of lex {s}, pending {u}")
+            leaves = np.frombuffer(table.leaves[s * NUM_PENDING + u], bool)
+            np.testing.assert_array_equal(leaves, facts["left"][s], err_msg=f"leaves of lex {s}")
     # masks: one state at a time, for a grammar that may write raw control characters
     # in strings and for one that refuses them by itself (``lenient``)
     starts_hi = (facts["first"] >= 0xA0) & (facts["first"] <= 0xBF)

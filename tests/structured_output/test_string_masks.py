@@ -224,6 +224,41 @@ def test_masks_mid_escape_are_remembered_within_their_string(qwen3, lc, text, gr
         assert len(fills) < 0.3 * len(ids), (len(fills), len(ids))
 
 
+def test_an_escaped_quote_keeps_its_strings_memo_and_a_closing_one_drops_it(qwen3, lc):
+    """``\\"`` stays inside its string: the masks after it are copied from the string's
+    memo (each equal to a fresh fill), while a token that closes the string (``",``,
+    ``":``, which may open the next) forgets it at once."""
+    props = {"q": {"type": "string"}, "r": {"type": "string"}}
+    g = lc.compile(GrammarSpec.of("json_schema", json.dumps({"properties": props})))
+    text = json.dumps({"q": 'say "hi" and "bye", then "more" twice', "r": "x"})
+    ids = qwen3.encode(text, special=False)
+    m, twin = lc.matcher(g), lc.matcher(g)
+    filler = BitmaskFiller(1, qwen3.vocab_rows, batch_threshold=32)
+    filler.guard = lc.guard
+    fills = []
+    fill = filler._fill_one
+    filler._fill_one = lambda *a: fills.append(1) or fill(*a)
+    buf = torch.zeros((2, filler.words), dtype=torch.int32)
+    escaped = closing = 0
+    for t in ids:
+        got = filler.fill([0], [RequestGuide(None, m)])
+        twin.fill_next_token_bitmask(buf, 1)
+        assert torch.equal(got.buffer[0], buf[1])
+        kept = m.memo is not None
+        assert m.accept_token(t) and twin.accept_token(t)
+        piece = qwen3.decode([t])
+        if '\\"' in piece:  # inside the string: its memo stays
+            assert m.memo is not None, piece
+            escaped += 1
+        elif kept and '"' in piece:  # the string ended (and another may begin)
+            assert m.memo is None, piece
+            closing += 1
+    assert escaped >= 4 and closing >= 2
+    # a fill to open each string, one after the opening quote of each value and
+    # the key after it; none after the escaped quotes
+    assert len(fills) <= 10, len(fills)
+
+
 def test_self_loop_rules_are_read_from_the_grammars_text(qwen3, lc):
     free, limited, hermes = (
         lc.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMAS[0]))),
