@@ -5,8 +5,8 @@
   (`structured_output.guard`: whitespace runs bounded to the engine's default, UTF-8
   kept valid); one buffer allocated once for the largest batch (pinned and
   double-buffered on CUDA), a plain loop below its batch threshold and above it two
-  threads sharing the rows in chunks (`structured_output.bitmask.SharedFill`), then
-  the guard over all rows at once.
+  threads sharing the rows in chunks (`structured_output.bitmask.SharedFill`), each
+  row guarded right after its fill.
 - ``baseline``: what a vLLM user runs today for the same request. xgrammar's default
   compilation of the same schema or tag (any whitespace, no bound, the vocabulary as
   it is), and every step a fresh bitmask from ``xgr.allocate_token_bitmask`` (pinned

@@ -221,7 +221,7 @@ class BitmaskFiller:
     learns which rows restrict nothing and skips them, and ``guard`` (`guard.py`)
     combines each row of a `GuardedMatcher` with the mask of its state right after the
     row's fill. From ``batch_threshold`` rows on, ``max_threads`` threads share the rows
-    (`SharedFill`), and the guard then takes all rows at once.
+    (`SharedFill`), each guarding the rows it takes the same way.
     """
 
     def __init__(
@@ -231,7 +231,7 @@ class BitmaskFiller:
         *,
         pin_memory: bool = False,
         num_buffers: int = 1,
-        batch_threshold: int = 32,
+        batch_threshold: int = 128,
         max_threads: int = 2,
         guard: GuardTable | None = None,
     ) -> None:
@@ -244,6 +244,9 @@ class BitmaskFiller:
             for _ in range(max(1, num_buffers))
         ]
         self._views = [b.numpy().view(np.uint32) for b in self.buffers]
+        #: ``0 .. max_rows - 1``, read-only: a one-row fill's active rows are a slice
+        self._index = np.arange(max_rows, dtype=np.int64)
+        self._index.setflags(write=False)
         self._next = 0
         self.batch_threshold = batch_threshold
         self._shared = SharedFill(max_threads - 1)
@@ -265,46 +268,71 @@ class BitmaskFiller:
         buf, view = self.buffers[k], self._views[k]
         if not rows:
             return FilledMask(buf, np.empty(0, dtype=np.int64))
+        if len(rows) == 1:  # the whole step's Python is this row's: no lists
+            r, g = rows[0], guides[0]
+            restricts = self._fill_row(buf, view, r, g.matcher)
+            if not g.follows_grammar or g.extra_allowed():
+                return self._extras(buf, view, rows, guides, [r] if restricts else [])
+            return FilledMask(buf, self._index[r : r + 1] if restricts else self._index[:0])
         matchers = [g.matcher for g in guides]
         guard = self.guard
         if len(rows) >= self.batch_threshold:
             # rows whose mask is kept (inside a free string) are copied, not filled; each
-            # chunk sorts its rows on the thread that takes it, overlapping other fills
+            # chunk sorts its rows on the thread that takes it, overlapping other fills,
+            # and guards each row right after its copy or fill, while it is in cache
             keys: list[Any] = [None] * len(rows)
+            guard_one = guard.apply_one if guard is not None else None
 
             def before(a: int, b: int) -> list[int]:
                 todo = []
                 for i in range(a, b):
-                    copied, keys[i] = known_mask(matchers[i], view, rows[i])
+                    m = matchers[i]
+                    copied, keys[i] = known_mask(m, view, rows[i])
                     if not copied:
                         todo.append(i)
+                    elif guard_one is not None and (q := getattr(m, "guard_state", -1)) >= 0:
+                        guard_one(view, rows[i], q, m.guard_lenient)
                 return todo
 
             def after(todo: list[int]) -> None:  # on the thread that filled them
                 for i in todo:
-                    after_fill(matchers[i], view, rows[i], keys[i])
+                    m, r = matchers[i], rows[i]
+                    after_fill(m, view, r, keys[i])
+                    if guard_one is not None and (q := getattr(m, "guard_state", -1)) >= 0:
+                        guard_one(view, r, q, m.guard_lenient)
 
             self._shared.fill(matchers, buf, list(rows), before, after)
             active = np.asarray(rows, dtype=np.int64)
-            if guard is not None:
-                guard.apply(view, rows, matchers)
         else:  # each row guarded right after its fill, while its words are in cache
-            fill = self._fill_one
-            guard_one = guard.apply_one if guard is not None else None
-            kept = []
-            for r, m in zip(rows, matchers, strict=True):
-                copied, key = known_mask(m, view, r)
-                if copied:
-                    restricts = True  # inside a string: always restricted
-                else:
-                    restricts = fill(m, buf, r)
-                    after_fill(m, view, r, key)
-                q = getattr(m, "guard_state", -1)
-                if guard_one is not None and q >= 0 and guard_one(view, r, q, m.guard_lenient):
-                    restricts = True
-                if restricts:
-                    kept.append(r)
-            active = np.asarray(kept, dtype=np.int64)
+            fill_row = self._fill_row
+            active = [r for r, m in zip(rows, matchers, strict=True) if fill_row(buf, view, r, m)]
+        return self._extras(buf, view, rows, guides, active)
+
+    def _fill_row(self, buf: torch.Tensor, view: np.ndarray, r: int, m: Any) -> bool:
+        """Row ``r`` from matcher ``m``: its kept or remembered mask, or a fill, then the
+        guard; whether the row restricts anything."""
+        copied, key = known_mask(m, view, r)
+        if copied:
+            restricts = True  # inside a string: always restricted
+        else:
+            restricts = self._fill_one(m, buf, r)
+            after_fill(m, view, r, key)
+        q = getattr(m, "guard_state", -1)
+        if q >= 0 and self.guard is not None and self.guard.apply_one(view, r, q, m.guard_lenient):
+            return True
+        return restricts
+
+    def _extras(
+        self,
+        buf: torch.Tensor,
+        view: np.ndarray,
+        rows: Sequence[int],
+        guides: Sequence[RequestGuide],
+        active: Any,
+    ) -> FilledMask:
+        """Each guide's extra ids added to its row; a guide that does not follow its
+        grammar this step gets them alone. ``active``: the rows filled that restrict."""
+        active = np.asarray(active, dtype=np.int64)
         alone: list[int] = []  # rows whose mask is their extra ids alone
         for r, g in zip(rows, guides, strict=True):
             extra = g.extra_allowed()

@@ -52,9 +52,10 @@ class StructuredOutputConfig:
         "with no workers)",
     )
     fill_batch_threshold: int = _opt(
-        32,
-        "masks of this many rows or more are filled by one batched call on threads; "
-        "fewer, by a loop",
+        128,
+        "masks of this many rows or more are filled by threads sharing the rows; fewer, "
+        "by a loop on the step's thread (below about 128 rows, handing rows to a thread "
+        "and taking turns at Python's lock cost more than the second core gives)",
     )
     fill_threads: int = _opt(
         0,

@@ -89,8 +89,6 @@ from .string_masks import PlainTables, kept_for
 from .utf8 import AFTER_ED, DONE, ERROR, NUM_PENDING
 from .whitespace import refuses_control
 
-#: up to this many rows, `GuardTable.apply` goes row by row
-_FEW = 16
 #: states whose masks are built at once (bounds the build's memory for long runs)
 _BLOCK = 64
 _NO_RUN = np.zeros(1, dtype=np.int64)
@@ -248,196 +246,71 @@ class GuardTable:
         # most states inside strings need no mask, and the one outside them bans a
         # quarter of the words.
         needs = np.zeros(2 * n, dtype=bool)
-        dense = np.zeros(2 * n, dtype=bool)
-        full: list[np.ndarray] = []
-        full_index = np.full(2 * n, -1, dtype=np.int64)
-        sparse_words: list[np.ndarray] = []
-        sparse_vals: list[np.ndarray] = []
-        offsets = np.zeros(2 * n, dtype=np.int64)
-        lengths = np.zeros(2 * n, dtype=np.int64)
+        may_empty = np.zeros(2 * n, dtype=bool)
+        masks: list[np.ndarray] = []
+        index = np.full(2 * n, -1, dtype=np.int64)
         seen: dict[bytes, int] = {}
-        seen_sparse: dict[bytes, tuple[int, int]] = {}
-        at = 0
         all_ones = np.uint32(0xFFFFFFFF)
         for s, u, runs, ok, ctrl in self._rows(lex):
             strict = _pack(ok, self.words)
             lenient = strict | _pack_ids(ctrl, self.words) if ctrl.any() else strict
             for variant, packed in enumerate((strict, lenient)):
-                changed_words = packed != all_ones
-                num_changed = np.count_nonzero(changed_words, axis=1).tolist()
+                restricts = (packed != all_ones).any(axis=1).tolist()
                 for i, run in enumerate(runs.tolist()):
-                    if not num_changed[i]:
+                    if not restricts[i]:
                         continue  # allows everything
                     key = self.state(s, run, u) + variant * n
-                    words = packed[i]
                     needs[key] = True
                     # A row can end up allowing nothing only where a single byte may
                     # be banned: a grammar that allows a token allows its first byte, a
                     # token of its own (``complete``), which is banned only at the
                     # whitespace limit or where a surrogate escape must go on one way
-                    # (such rows are rare: whole-row masks)
-                    empty_possible = (
+                    may_empty[key] = (
                         not complete
                         or (s == OUT and limit is not None and run >= limit)
                         or s in NARROW
                         or (s == RAW and u != DONE)
                     )
-                    raw = words.tobytes()
-                    if empty_possible or num_changed[i] > self.words // 4:
-                        dense[key] = True
-                        if raw not in seen:
-                            seen[raw] = len(full)
-                            full.append(words)
-                        full_index[key] = seen[raw]
-                    else:
-                        if raw not in seen_sparse:
-                            changed = np.flatnonzero(changed_words[i])
-                            sparse_words.append(changed)
-                            sparse_vals.append(words[changed])
-                            seen_sparse[raw] = (at, num_changed[i])
-                            at += num_changed[i]
-                        offsets[key], lengths[key] = seen_sparse[raw]
+                    index[key] = seen.setdefault(packed[i].tobytes(), len(masks))
+                    if index[key] == len(masks):
+                        masks.append(packed[i])
         #: per state, whether it needs a mask (then ``needs_lenient``: where the
         #: grammar refuses raw control characters in strings by itself)
         self.needs, self.needs_lenient = needs[:n], needs[n:]
-        self.dense = dense[:n]
         self._num_states = n
-        self._full = np.stack(full) if full else np.zeros((0, self.words), np.uint32)
-        self._full_index = full_index
-        self._words = np.concatenate(sparse_words) if sparse_words else np.zeros(0, np.int64)
-        self._vals = np.concatenate(sparse_vals) if sparse_vals else np.zeros(0, np.uint32)
-        self._offsets, self._lengths = offsets, lengths
-        self._dense_keys = dense
-        self._pad()
-        self._needs_from_minus_one = np.concatenate(([False], needs))  # -1: no guard
-        self._needs_list = needs.tolist()
-        self._dense_list = dense.tolist()
-        #: per key with a sparse mask: its words and their values (views, for `apply_one`)
-        self._sparse_list: list[tuple[np.ndarray, np.ndarray] | None] = [
-            (self._words[o : o + k], self._vals[o : o + k]) if k else None
-            for o, k in zip(offsets.tolist(), lengths.tolist(), strict=True)
-        ]
-
-    def _pad(self) -> None:
-        """The sparse masks again, one row per key that has one (``_pad_row``; row 0
-        is none), padded to the longest: a pad is a word the mask leaves alone (the
-        least one), ANDed with all ones (a no-op), so that a batch is one gather."""
-        lengths, offsets = self._lengths, self._offsets
-        longest = max(int(lengths.max()), 1)
-        sparse = np.flatnonzero(lengths)
-        self._pad_row = np.zeros(len(lengths), dtype=np.int64)
-        self._pad_row[sparse] = np.arange(1, len(sparse) + 1)
-        self._pad_words = np.zeros((len(sparse) + 1, longest), dtype=np.int64)
-        self._pad_vals = np.full((len(sparse) + 1, longest), 0xFFFFFFFF, dtype=np.uint32)
-        if not len(sparse):
-            return
-        counts = lengths[sparse]
-        row = np.repeat(np.arange(1, len(sparse) + 1), counts)  # key after key
-        spans = zip(offsets[sparse], counts, strict=True)
-        idx = np.concatenate([np.arange(o, o + c) for o, c in spans])
-        words = self._words[idx]
-        col = np.arange(len(idx)) - np.repeat(np.cumsum(counts) - counts, counts)
-        # a mask's words ascend: the least word it leaves alone is the number of its
-        # first ones that equal their place (0, 1, 2, ...)
-        in_place = np.zeros(len(sparse) + 1, dtype=np.int64)
-        np.add.at(in_place, row, words == col)
-        self._pad_words[1:] = in_place[1:, None]
-        self._pad_words[row, col] = words
-        self._pad_vals[row, col] = self._vals[idx]
+        #: each distinct mask once, as a whole row (a few dozen: about 1 MB): one AND
+        #: over a row's words costs less than a gather and scatter of a few dozen
+        self._masks = np.stack(masks) if masks else np.zeros((0, self.words), np.uint32)
+        #: per key: its mask (a view of ``_masks``) or None, and whether it may empty a row
+        views = list(self._masks)
+        self._mask_list = [views[i] if i >= 0 else None for i in index.tolist()]
+        self._may_empty_list = may_empty.tolist()
 
     def allowed(self, q: int, lenient: bool = False) -> np.ndarray:
         """The mask of state ``q`` as uint32 words (tests and single rows); ``lenient``:
         for a grammar that refuses raw control characters in strings by itself."""
-        key = q + self._num_states if lenient else q
-        if not self._needs_list[key]:
-            return np.full(self.words, 0xFFFFFFFF, dtype=np.uint32)
-        if self._dense_list[key]:
-            return self._full[self._full_index[key]].copy()
-        words = np.full(self.words, 0xFFFFFFFF, dtype=np.uint32)
-        o, k = self._offsets[key], self._lengths[key]
-        words[self._words[o : o + k]] = self._vals[o : o + k]
-        return words
-
-    def apply(self, view: np.ndarray, rows: Sequence[int], matchers: Sequence[Any]) -> np.ndarray:
-        """AND each of ``rows`` of ``view`` (uint32 ``[R, W]``, C-contiguous) with the
-        mask of the state of its matcher (same order; a matcher that is not a
-        `GuardedMatcher` is left alone). A row that would allow nothing keeps its
-        grammar's mask. Returns the rows it changed.
-
-        A few rows go one by one (a handful of numpy calls each); more go through one
-        vectorized pass (a fixed two dozen numpy calls, then work proportional to the
-        mask words the rows' states touch: about 120 words for most states)."""
-        if len(rows) <= _FEW:
-            changed = [
-                r
-                for r, m in zip(rows, matchers, strict=True)
-                if self.apply_one(
-                    view, r, getattr(m, "guard_state", -1), getattr(m, "guard_lenient", False)
-                )
-            ]
-            return np.asarray(changed, dtype=np.int64)
-        try:
-            states = np.array([m.guard_state for m in matchers], dtype=np.int64)
-            lenient = np.array([m.guard_lenient for m in matchers], dtype=bool)
-        except AttributeError:  # some matchers are not guarded
-            n = len(matchers)
-            states = np.fromiter((getattr(m, "guard_state", -1) for m in matchers), np.int64, n)
-            lenient = np.fromiter((getattr(m, "guard_lenient", False) for m in matchers), bool, n)
-        keys = np.where(lenient & (states >= 0), states + self._num_states, states)
-        return self._apply_many(view, np.asarray(rows, dtype=np.int64), keys)
-
-    def _apply_many(self, view: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        """`apply` by mask key (`_build_masks`; -1: none)."""
-        hit = np.flatnonzero(self._needs_from_minus_one[keys + 1])
-        if len(hit) == 0:
-            return rows[:0]
-        rows, q = rows[hit], keys[hit]
-        dense = self._dense_keys[q]
-        n_dense = int(np.count_nonzero(dense))
-        if n_dense:
-            r = rows[dense]
-            sub = view[r] & self._full[self._full_index[q[dense]]]
-            keep = sub.any(axis=1)
-            view[r[keep]] = sub[keep]
-        if n_dense < len(q):
-            if n_dense:
-                sparse = ~dense
-                r, q = rows[sparse], q[sparse]
-            else:
-                r = rows
-            counts = self._lengths[q]
-            longest, total = int(counts.max()), int(counts.sum())
-            flat = view.reshape(-1)
-            if longest * len(q) <= 2 * total:  # alike: one padded gather
-                pad = self._pad_row[q]
-                at = self._pad_words[pad, :longest] + (r * view.shape[1])[:, None]
-                flat[at] &= self._pad_vals[pad, :longest]
-            else:  # a few long ones: each row's words, end to end
-                ends = np.cumsum(counts)
-                idx = np.repeat(self._offsets[q] - ends + counts, counts) + np.arange(total)
-                at = np.repeat(r * view.shape[1], counts) + self._words[idx]
-                flat[at] &= self._vals[idx]
-        return rows
+        mask = self._mask_list[q + self._num_states if lenient else q]
+        return np.full(self.words, 0xFFFFFFFF, np.uint32) if mask is None else mask.copy()
 
     def apply_one(self, view: np.ndarray, row: int, q: int, lenient: bool = False) -> bool:
-        """`apply` for one row in state ``q`` (-1: none) of a matcher whose grammar
-        refuses raw control characters in strings (``lenient``) or not; whether it
-        changed the row."""
+        """AND row ``row`` of ``view`` (uint32 ``[R, W]``) with the mask of state ``q``
+        (-1: none) of a matcher whose grammar refuses raw control characters in strings
+        (``lenient``) or not; a row that would allow nothing keeps its grammar's mask.
+        Whether the state has a mask."""
         if q < 0:
             return False
         if lenient:
             q += self._num_states
-        if not self._needs_list[q]:
+        mask = self._mask_list[q]
+        if mask is None:
             return False
-        sparse = self._sparse_list[q]
-        if sparse is None:  # a whole-row mask
-            sub = view[row] & self._full[self._full_index[q]]
+        words = view[row]
+        if self._may_empty_list[q]:  # rare: keep the grammar's mask rather than none
+            sub = words & mask
             if sub.any():
-                view[row] = sub
+                words[:] = sub
         else:
-            at, vals = sparse
-            words = view[row]
-            words[at] &= vals
+            np.bitwise_and(words, mask, out=words)
         return True
 
 

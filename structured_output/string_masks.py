@@ -326,9 +326,9 @@ def _state(matcher: Any) -> str:
     return xgr.GrammarMatcher._debug_print_internal_state(matcher)
 
 
-def keep_if_free(matcher: Any, words: np.ndarray, found: tuple | None = None) -> None:
-    """After ``matcher``'s fill into ``words`` (its row, uint32), where it asked for a
-    check (``probe``): keep the row when its states stand at a self-loop rule's start.
+def keep_if_free(matcher: Any, view: np.ndarray, row: int, found: tuple | None = None) -> None:
+    """After ``matcher``'s fill into ``view[row]`` (uint32), where it asked for a check
+    (``probe``): keep the row when its states stand at a self-loop rule's start.
     ``matcher`` is a `guard.GuardedMatcher`; its lexer tells whether it may be inside a
     string at all, and the row whether a free string's characters are allowed, before
     its states are read (``found``: as read already, by `memo_key`)."""
@@ -337,6 +337,7 @@ def keep_if_free(matcher: Any, words: np.ndarray, found: tuple | None = None) ->
     if su != matcher._check_at:  # mid-escape or mid-character: after the next token
         matcher.rearm = matcher.guard.mid_text[su]
         return
+    words = view[row]
     kept = matcher._kept
     for w, bit in kept.plain.probe_bits:
         if not words.item(w) & bit:  # a string with a limit, or inside a ``\u`` escape
@@ -407,7 +408,7 @@ def known_mask(matcher: Any, view: np.ndarray, row: int) -> tuple[bool, Any]:
         return False, key
     view[row] = hit
     if matcher.probe:  # back at the string's text: kept again
-        keep_if_free(matcher, view[row], key)
+        keep_if_free(matcher, view, row, key)
     return True, key
 
 
@@ -415,7 +416,7 @@ def after_fill(matcher: Any, view: np.ndarray, row: int, key: Any) -> None:
     """After ``matcher``'s fill into ``view[row]``: the check it asked for, and the mask
     remembered under ``key`` (from `known_mask`)."""
     if getattr(matcher, "probe", 0):
-        keep_if_free(matcher, view[row], key)
+        keep_if_free(matcher, view, row, key)
     if key is not None and key not in matcher.memo:  # (a string's start: kept already)
         matcher.memo[key] = view[row].copy()
 

@@ -375,34 +375,30 @@ def test_the_filler_guards_every_row_as_a_single_fill_does(qwen3, compilers):
         filler.close()
 
 
-@pytest.mark.parametrize("mix", ["alike", "some long", "all"])
-def test_every_way_of_applying_gives_the_same_rows(compilers, mix):
-    """Rows in states alike (one padded gather), with a few long ones (words end to
-    end), or of every reachable state: the batch gives each row what `apply_one` does."""
-    table = compilers[16].guard
-    reachable = [q for q in np.flatnonzero(table.needs).tolist()]
-    rng = np.random.default_rng(len(mix))
-    if mix == "alike":
-        states = rng.choice([table.start_json, table.start_json + 1], 48)
-    elif mix == "some long":
-        states = np.where(rng.random(48) < 0.1, table.state(lexing.OUT, 15), table.start_json)
-    else:
-        states = rng.choice(reachable + [-1], 48)
-    view = rng.integers(0, 1 << 32, (64, table.words), dtype=np.uint64).astype(np.uint32)
-    expected = view.copy()
-    rows = rng.permutation(64)[:48]
-    lenient = (rng.random(48) < 0.5).tolist()  # grammars that refuse control characters
-    for r, q, le in zip(rows.tolist(), states.tolist(), lenient, strict=True):
-        table.apply_one(expected, r, q, le)
-
-    class M:
-        def __init__(self, q: int, le: bool) -> None:
-            self.guard_state = q
-            self.guard_lenient = le
-
-    matchers = [M(q, le) for q, le in zip(states.tolist(), lenient, strict=True)]
-    table.apply(view, rows.tolist(), matchers)
-    assert np.array_equal(view, expected)
+@pytest.mark.parametrize("limit", [1, 16])
+def test_apply_one_ands_the_states_mask_and_never_empties_a_row(compilers, limit):
+    """In every state, for a grammar that refuses raw control characters or not: a
+    row ends as itself AND the state's mask, unless that allows nothing where a row
+    can end so (`test_guard_build` checks where: then it keeps the grammar's mask);
+    other rows are untouched."""
+    table = compilers[limit].guard
+    rng = np.random.default_rng(7)
+    rows = rng.integers(0, 1 << 32, (3, table.words), dtype=np.uint64).astype(np.uint32)
+    for q in range(len(table.needs)):
+        for lenient in (False, True):
+            want_mask = table.allowed(q, lenient)
+            for r in range(3):
+                view = rows.copy()
+                if r == 2:  # only what the state bans, where it bans anything
+                    view[r] = ~want_mask if (~want_mask).any() else view[r]
+                before = view.copy()
+                has = table.apply_one(view, r, q, lenient)
+                assert has == bool((~want_mask).any()), (q, lenient)
+                anded = before[r] & want_mask
+                key = q + len(table.needs) * lenient
+                kept = not anded.any() and table._may_empty_list[key]
+                assert np.array_equal(view[r], before[r] if kept else anded), (q, r)
+                assert np.array_equal(np.delete(view, r, 0), np.delete(before, r, 0))
 
 
 @pytest.mark.parametrize(
