@@ -122,6 +122,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rounds", type=int, default=5, help="with --peer-python: rounds (default 5)")
     p.add_argument(
+        "--one-row-states",
+        type=int,
+        default=32,
+        metavar="N",
+        help="with --peer-python: then one row at each of the first N states, vLLM and the "
+        "engine in turn (default 32; 0: none)",
+    )
+    p.add_argument(
         "--walk",
         action="store_true",
         help="decode: before each timed step every row accepts its document's next token "

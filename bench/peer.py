@@ -31,6 +31,7 @@ import random
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ from .common import (
     side_by_side,
     threads_line,
 )
+from .summary import one_row_line
 
 _WORDS = ["alpha", "Zürich", "東京", "report", 'say "hi"', "a/b", "x", "", "2024-05-17", "🙂"]
 
@@ -288,6 +290,7 @@ def run(args: argparse.Namespace) -> list[Record]:
                         for side, got in ours.items():
                             times[b].setdefault(side, []).extend(got.tolist())
         loads.append(os.getloadavg()[0])
+        one_row = _one_row_states(args, peer, fillers["engine"], guides["engine"], decoded)
     finally:
         peer.close()
 
@@ -329,7 +332,59 @@ def run(args: argparse.Namespace) -> list[Record]:
                     env=env,
                 )
             )
+    for i, (theirs, ours) in enumerate(one_row):
+        for side, t in (("vllm", theirs), ("engine", ours)):
+            records.append(
+                Record(
+                    bench="fill-vs-vllm",
+                    device="cpu",
+                    vocab="qwen3",
+                    vocab_rows=tok.vocab_rows,
+                    batch_size=1,
+                    method=f"{side}_state",
+                    median_us=round(p50(t), 1),
+                    p90_us=round(p90(t), 1),
+                    per_row_median_us=round(p50(t), 2),
+                    per_row_p90_us=round(p90(t), 2),
+                    iters=args.iters,
+                    warmup=args.warmup,
+                    seed=args.seed,
+                    grammars=[["person", "weather", "order", "article"][rows[i][0]]],
+                    ratio=round(p50(theirs) / p50(ours), 2) if side == "engine" else None,
+                    extra={"state": i, "tail": tok.decode(rows[i][1][-3:])},
+                    env=env,
+                )
+            )
     return records
+
+
+def _one_row_states(
+    args: argparse.Namespace,
+    peer: Peer,
+    filler: BitmaskFiller,
+    guides: list[RequestGuide],
+    decoded: list[Callable[[], None]],
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One row at each of the first ``--one-row-states`` states, vLLM and the engine in
+    turn (the order alternating): one state alone says little about a batch of one,
+    whose cost swings tenfold between a structural state and one inside a string."""
+    out = []
+    for i in range(min(args.one_row_states, len(guides))):
+        got: dict[str, np.ndarray] = {}
+        for part in ("vllm", "ours") if i % 2 == 0 else ("ours", "vllm"):
+            if part == "vllm":
+                t = peer.ask(cmd="time", batch=1, start=i, steps=args.iters)["times_us"]
+                got[part] = np.asarray(t[args.warmup :])
+            else:
+                got[part] = side_by_side(
+                    {"engine": _fill(filler, [0], guides[i : i + 1])},
+                    iters=args.iters - args.warmup,
+                    warmup=args.warmup,
+                    device="cpu",
+                    between=decoded[i],
+                )["engine"]
+        out.append((got["vllm"], got["ours"]))
+    return out
 
 
 def _fill(filler: BitmaskFiller, index: list[int], guides: list[RequestGuide]) -> Method:
@@ -364,7 +419,8 @@ def _check(
 def table(records: list[Record]) -> str:
     by: dict[int, dict[str, Record]] = {}
     for r in records:
-        by.setdefault(r.batch_size, {})[r.method] = r
+        if "state" not in r.extra:
+            by.setdefault(r.batch_size, {})[r.method] = r
     head = (
         f"{'batch':>6}  {'vLLM p50':>10}  {'engine p50':>11}{'vLLM/engine':>13}"
         f"  {'bound off':>10}{'on/boff':>8}  {'guard off':>10}{'on/off':>8}"
@@ -382,6 +438,9 @@ def table(records: list[Record]) -> str:
         )
     load = records[0].extra["loadavg_1m"] if records else []
     lines.append(f"load average (1 min) at each round's start and at the end: {load}")
+    line = one_row_line([asdict(r) for r in records])
+    if line:
+        lines.append(line)
     if records:
         lines.append(threads_line(records[0].extra))
     return "\n".join(lines)

@@ -12,7 +12,8 @@ its stdout (vLLM's own output goes to stderr):
 
 - ``{"cmd": "setup", "tokenizer": DIR, "max_num_seqs": N, "schemas": [...],
   "rows": [[schema_index, [token ids]], ...]}``
-- ``{"cmd": "time", "batch": B, "steps": S}``: S timed calls, in microseconds
+- ``{"cmd": "time", "batch": B, "steps": S, "start": I}``: S timed calls over rows
+  ``I`` (default 0) to ``I + B``, in microseconds
 - ``{"cmd": "masks", "batch": B}``: the B rows of the bitmask, int32, base64
 - ``{"cmd": "quit"}``
 """
@@ -105,7 +106,9 @@ def setup(state: dict, cmd: dict) -> dict:
 
 
 def time_fill(state: dict, cmd: dict) -> dict:
-    mgr, requests, ids = state["mgr"], state["requests"], state["ids"][: cmd["batch"]]
+    start = cmd.get("start", 0)
+    mgr, requests = state["mgr"], state["requests"]
+    ids = state["ids"][start : start + cmd["batch"]]
     times = []
     for _ in range(cmd["steps"]):
         t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -95,11 +96,30 @@ def latency(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def one_row_line(records: list[dict]) -> str:
+    """The per-state pass at one row (``*_state`` records, `bench.peer`): the median
+    and the lowest of vLLM / engine over the states, and how many states the engine
+    loses; "" where there is none."""
+    ratios = [(r["ratio"], r["extra"]) for r in records if r["method"] == "engine_state"]
+    if not ratios:
+        return ""
+    ratios.sort(key=lambda x: x[0])
+    low, at = ratios[0]
+    mid = statistics.median(x for x, _ in ratios)
+    slower = sum(1 for x, _ in ratios if x < 1)
+    return (
+        f"1 row at each of {len(ratios)} states, vLLM / engine: median {mid:.2f}x, lowest "
+        f"{low:.2f}x (state {at['state']}, after {at['tail']!r}); the engine slower at "
+        f"{slower} of {len(ratios)}"
+    )
+
+
 def fill_vs_vllm(records: list[dict]) -> str:
     """The engine (guard on and off) against vLLM's grammar_bitmask, per batch size."""
     by: dict[int, dict[str, dict]] = {}
     for r in records:
-        by.setdefault(r["batch_size"], {})[r["method"]] = r
+        if "state" not in r["extra"]:
+            by.setdefault(r["batch_size"], {})[r["method"]] = r
     lines = [
         "| batch | vLLM p50 (ms) | engine p50 (ms) | vLLM / engine | engine, guard off (ms) "
         "| guard on / off |",
@@ -111,7 +131,8 @@ def fill_vs_vllm(records: list[dict]) -> str:
             f"| {b} | {_ms(v['median_us'])} | {_ms(e['median_us'])} | **{e['ratio']:.2f}x** "
             f"| {_ms(u['median_us'])} | {e['median_us'] / u['median_us']:.2f}x |"
         )
-    return "\n".join(lines)
+    line = one_row_line(records)
+    return "\n".join(lines) + (f"\n\n{line}" if line else "")
 
 
 def startup(records: list[dict]) -> str:
