@@ -11,7 +11,7 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,27 +112,19 @@ class SharedFill:
             ).start()
             self._jobs.append(jobs)
 
-    def fill(
-        self,
-        matchers: list[Any],
-        buf: torch.Tensor,
-        rows: list[int],
-        before: Callable[[int, int], list[int]] | None = None,
-        after: Callable[[list[int]], None] | None = None,
-    ) -> None:
-        """Fill ``rows`` of ``buf`` from ``matchers``, a chunk ``[a, b)`` of them at a
-        time. Per chunk, on the thread that takes it (holding the GIL while the other
-        threads' fills go on without it): ``before(a, b)``, if given, says which of its
-        indexes to fill (it deals with the others itself), and ``after(indexes)`` runs
-        right after their fill."""
+    def fill(self, matchers: list[Any], buf: torch.Tensor, rows: list[int], alone: int = 0) -> None:
+        """Fill ``rows`` of ``buf`` from ``matchers``, a chunk of them at a time; the
+        first ``alone`` rows each a chunk of its own (rows likely to cost far more than
+        the others: two of them in one chunk would run one after the other)."""
         if self.helpers and not self._jobs:
             self._start()  # the first fill starts the helpers
         n = len(rows)
         # chunks of at most ``chunk`` rows, and at least two per thread where the rows
         # allow it, so that a late thread leaves work to the others to take
-        size = max(1, min(self.chunk, -(-n // (2 * (self.helpers + 1)))))
-        bounds = [(a, min(a + size, n)) for a in range(0, n, size)]
-        job = _Job(matchers, buf, rows, bounds, before, after)
+        size = max(1, min(self.chunk, -(-(n - alone) // (2 * (self.helpers + 1)))))
+        bounds = [(a, a + 1) for a in range(alone)]
+        bounds += [(a, min(a + size, n)) for a in range(alone, n, size)]
+        job = _Job(matchers, buf, rows, bounds)
         for jobs in self._jobs:
             jobs.put(job)
         job.work(self._own)
@@ -146,30 +138,12 @@ class SharedFill:
 
 
 class _Job:
-    __slots__ = (
-        "matchers",
-        "buf",
-        "rows",
-        "bounds",
-        "before",
-        "after",
-        "_taken",
-        "_done",
-        "_cond",
-        "error",
-    )
+    __slots__ = ("matchers", "buf", "rows", "bounds", "_taken", "_done", "_cond", "error")
 
     def __init__(
-        self,
-        matchers: list[Any],
-        buf: torch.Tensor,
-        rows: list[int],
-        bounds: list,
-        before: Callable[[int, int], list[int]] | None = None,
-        after: Callable[[list[int]], None] | None = None,
+        self, matchers: list[Any], buf: torch.Tensor, rows: list[int], bounds: list
     ) -> None:
         self.matchers, self.buf, self.rows, self.bounds = matchers, buf, rows, bounds
-        self.before, self.after = before, after
         self._taken = iter(range(len(bounds)))  # next() on it is atomic under the GIL
         self._done = 0
         self._cond = threading.Condition()
@@ -179,19 +153,7 @@ class _Job:
         for i in self._taken:
             a, b = self.bounds[i]
             try:
-                if self.before is None:
-                    todo = list(range(a, b))
-                    batch.batch_fill_next_token_bitmask(
-                        self.matchers[a:b], self.buf, self.rows[a:b]
-                    )
-                else:
-                    todo = self.before(a, b)
-                    if todo:
-                        batch.batch_fill_next_token_bitmask(
-                            [self.matchers[i] for i in todo], self.buf, [self.rows[i] for i in todo]
-                        )
-                if self.after is not None and todo:
-                    self.after(todo)
+                batch.batch_fill_next_token_bitmask(self.matchers[a:b], self.buf, self.rows[a:b])
             except BaseException as e:  # raised again in the thread that called fill
                 self.error = e
             with self._cond:
@@ -275,48 +237,49 @@ class BitmaskFiller:
                 return self._extras(buf, view, rows, guides, [r] if restricts else [])
             return FilledMask(buf, self._index[r : r + 1] if restricts else self._index[:0])
         matchers = [g.matcher for g in guides]
-        guard = self.guard
         if len(rows) >= self.batch_threshold:
-            # rows whose mask is kept (inside a free string) are copied, not filled; each
-            # chunk sorts its rows on the thread that takes it, overlapping other fills,
-            # and guards each row right after its copy or fill, while it is in cache
-            keys: list[Any] = [None] * len(rows)
-            guard_one = guard.apply_one if guard is not None else None
-
-            def before(a: int, b: int) -> list[int]:
-                todo = []
-                for i in range(a, b):
-                    m = matchers[i]
-                    copied, keys[i] = known_mask(m, view, rows[i])
-                    if not copied:
-                        todo.append(i)
-                    elif guard_one is not None and (q := getattr(m, "guard_state", -1)) >= 0:
-                        guard_one(view, rows[i], q, m.guard_lenient)
-                return todo
-
-            def after(todo: list[int]) -> None:  # on the thread that filled them
-                for i in todo:
-                    m, r = matchers[i], rows[i]
-                    after_fill(m, view, r, keys[i])
-                    if guard_one is not None and (q := getattr(m, "guard_state", -1)) >= 0:
-                        guard_one(view, r, q, m.guard_lenient)
-
-            self._shared.fill(matchers, buf, list(rows), before, after)
+            # rows whose mask is kept (inside a free string) are copied, not filled; the
+            # others are filled by the threads, which then run no Python (a thread that
+            # waits for Python's lock to do a row's bookkeeping is a core idle)
+            fill_row, todo, keys = self._fill_row, [], []
+            for r, m in zip(rows, matchers, strict=True):
+                copied, key = known_mask(m, view, r)
+                if copied:
+                    fill_row(buf, view, r, m, True)
+                else:
+                    todo.append((r, m))
+                    keys.append(key)
+            if todo:
+                # the costliest first (mid-escape, not remembered yet: up to milliseconds),
+                # so that no thread starts one when the others are nearly done
+                first = [i for i, key in enumerate(keys) if key is not None]
+                if first:
+                    order = first + [i for i, key in enumerate(keys) if key is None]
+                    todo, keys = [todo[i] for i in order], [keys[i] for i in order]
+                self._shared.fill([m for _, m in todo], buf, [r for r, _ in todo], len(first))
+                for (r, m), key in zip(todo, keys, strict=True):
+                    after_fill(m, view, r, key)
+                    fill_row(buf, view, r, m, True)
             active = np.asarray(rows, dtype=np.int64)
         else:  # each row guarded right after its fill, while its words are in cache
             fill_row = self._fill_row
             active = [r for r, m in zip(rows, matchers, strict=True) if fill_row(buf, view, r, m)]
         return self._extras(buf, view, rows, guides, active)
 
-    def _fill_row(self, buf: torch.Tensor, view: np.ndarray, r: int, m: Any) -> bool:
-        """Row ``r`` from matcher ``m``: its kept or remembered mask, or a fill, then the
-        guard; whether the row restricts anything."""
-        copied, key = known_mask(m, view, r)
-        if copied:
-            restricts = True  # inside a string: always restricted
+    def _fill_row(
+        self, buf: torch.Tensor, view: np.ndarray, r: int, m: Any, filled: bool = False
+    ) -> bool:
+        """Row ``r`` from matcher ``m``: its kept or remembered mask, or a fill (unless
+        ``filled`` already), then the guard; whether the row restricts anything."""
+        if filled:
+            restricts = True
         else:
-            restricts = self._fill_one(m, buf, r)
-            after_fill(m, view, r, key)
+            copied, key = known_mask(m, view, r)
+            if copied:
+                restricts = True  # inside a string: always restricted
+            else:
+                restricts = self._fill_one(m, buf, r)
+                after_fill(m, view, r, key)
         q = getattr(m, "guard_state", -1)
         if q >= 0 and self.guard is not None and self.guard.apply_one(view, r, q, m.guard_lenient):
             return True

@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
+import xgrammar as xgr
 
 from structured_output import CompileOptions, GrammarSpec, LocalCompiler
 from structured_output.bitmask import BitmaskFiller, fill_threads_for, usable_cpus
@@ -102,40 +103,31 @@ def test_the_engine_fills_on_the_threads_its_setting_resolves_to(qwen3):
             manager.close()
 
 
-def test_work_around_each_chunk_covers_each_row_once_and_its_errors_reach_the_caller(qwen3):
-    """`SharedFill`'s hooks (where kept string masks are copied and checked): ``before``
-    sees every row exactly once, on whichever thread takes its chunk, and only the rows
-    it returns are filled and passed to ``after``; an error raised on a helper is raised
-    by ``fill``, and the next fill works."""
+def test_every_row_is_filled_once_and_an_error_reaches_the_caller(qwen3):
+    """`SharedFill` over helpers, the first rows each a chunk of their own: each row
+    gets its matcher's mask (as one fill of it alone gives), no other row is touched;
+    an error raised on a helper is raised by ``fill``, and the next fill works."""
     from structured_output.bitmask import SharedFill
 
     lc = LocalCompiler(qwen3, CompileOptions(max_whitespace=16))
     g = lc.compile(GrammarSpec.of("json_schema", json.dumps({"type": "array"})))
     matchers = [lc.matcher(g) for _ in range(40)]
-    buf = torch.zeros((40, (qwen3.vocab_rows + 31) // 32), dtype=torch.int32)
+    for i, m in enumerate(matchers):  # states that differ from row to row
+        assert m.accept_string("[" + "1," * (i % 5))
+    words = (qwen3.vocab_rows + 31) // 32
+    want = torch.zeros((44, words), dtype=torch.int32)
+    for i, m in enumerate(matchers):  # the grammar's own mask (no guard: as SharedFill)
+        xgr.GrammarMatcher.fill_next_token_bitmask(m, want, i)
     shared = SharedFill(helpers=3, chunk=4)
     try:
-        seen: list[int] = []
-        filled: list[int] = []
-
-        def evens(a: int, b: int) -> list[int]:
-            seen.extend(range(a, b))
-            return [i for i in range(a, b) if i % 2 == 0]
-
-        shared.fill(matchers, buf, list(range(40)), evens, filled.extend)
-        assert sorted(seen) == list(range(40))
-        assert sorted(filled) == list(range(0, 40, 2))
-        rows_set = buf.numpy().any(axis=1)
-        assert rows_set[::2].all() and not rows_set[1::2].any()  # only those were filled
-
-        def fail(todo: list[int]) -> None:
-            if todo[0] >= 20:
-                raise RuntimeError("after failed")
-
-        with pytest.raises(RuntimeError, match="after failed"):
-            shared.fill(matchers, buf, list(range(40)), None, fail)
-        filled.clear()
-        shared.fill(matchers, buf, list(range(40)), None, filled.extend)
-        assert sorted(filled) == list(range(40))
+        for alone in (0, 3, 40):
+            buf = torch.zeros((44, words), dtype=torch.int32)
+            shared.fill(matchers, buf, list(range(40)), alone)
+            assert torch.equal(buf, want), alone
+        with pytest.raises(RuntimeError):  # a row past the buffer, in a helper's chunk
+            shared.fill(matchers, buf, list(range(39)) + [99])
+        buf.zero_()
+        shared.fill(matchers[::-1], buf, list(range(39, -1, -1)))
+        assert torch.equal(buf, want)
     finally:
         shared.close()
