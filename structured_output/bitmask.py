@@ -11,7 +11,7 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,10 +112,21 @@ class SharedFill:
             ).start()
             self._jobs.append(jobs)
 
-    def fill(self, matchers: list[Any], buf: torch.Tensor, rows: list[int], alone: int = 0) -> None:
+    def fill(
+        self,
+        matchers: list[Any],
+        buf: torch.Tensor,
+        rows: list[int],
+        alone: int = 0,
+        done: Callable[[int, int], None] | None = None,
+    ) -> None:
         """Fill ``rows`` of ``buf`` from ``matchers``, a chunk of them at a time; the
         first ``alone`` rows each a chunk of its own (rows likely to cost far more than
-        the others: two of them in one chunk would run one after the other)."""
+        the others: two of them in one chunk would run one after the other).
+
+        ``done(a, b)``, if given, runs on the calling thread once per chunk of indexes
+        ``[a, b)`` filled, between the chunks it fills itself and at the end: the rows'
+        Python work overlaps the helpers' fills, and no helper runs Python per row."""
         if self.helpers and not self._jobs:
             self._start()  # the first fill starts the helpers
         n = len(rows)
@@ -127,8 +138,21 @@ class SharedFill:
         job = _Job(matchers, buf, rows, bounds)
         for jobs in self._jobs:
             jobs.put(job)
-        job.work(self._own)
+        if done is None:
+            job.work(self._own)
+            job.wait()
+            return
+        seen = 0
+
+        def drain() -> None:
+            nonlocal seen
+            while seen < len(job.filled):
+                done(*bounds[job.filled[seen]])
+                seen += 1
+
+        job.work(self._own, drain)
         job.wait()
+        drain()
 
     def close(self) -> None:
         for jobs in self._jobs:
@@ -138,28 +162,43 @@ class SharedFill:
 
 
 class _Job:
-    __slots__ = ("matchers", "buf", "rows", "bounds", "_taken", "_done", "_cond", "error")
+    __slots__ = (
+        "matchers",
+        "buf",
+        "rows",
+        "bounds",
+        "filled",
+        "_taken",
+        "_done",
+        "_cond",
+        "error",
+    )
 
     def __init__(
         self, matchers: list[Any], buf: torch.Tensor, rows: list[int], bounds: list
     ) -> None:
         self.matchers, self.buf, self.rows, self.bounds = matchers, buf, rows, bounds
         self._taken = iter(range(len(bounds)))  # next() on it is atomic under the GIL
+        #: the chunks filled without an error, in the order they were
+        self.filled: list[int] = []
         self._done = 0
         self._cond = threading.Condition()
         self.error: BaseException | None = None
 
-    def work(self, batch: Any) -> None:
+    def work(self, batch: Any, between: Callable[[], None] | None = None) -> None:
         for i in self._taken:
             a, b = self.bounds[i]
             try:
                 batch.batch_fill_next_token_bitmask(self.matchers[a:b], self.buf, self.rows[a:b])
+                self.filled.append(i)
             except BaseException as e:  # raised again in the thread that called fill
                 self.error = e
             with self._cond:
                 self._done += 1
                 if self._done == len(self.bounds):
                     self._cond.notify_all()
+            if between is not None:
+                between()
 
     def wait(self) -> None:
         with self._cond:
@@ -256,10 +295,14 @@ class BitmaskFiller:
                 if first:
                     order = first + [i for i, key in enumerate(keys) if key is None]
                     todo, keys = [todo[i] for i in order], [keys[i] for i in order]
-                self._shared.fill([m for _, m in todo], buf, [r for r, _ in todo], len(first))
-                for (r, m), key in zip(todo, keys, strict=True):
-                    after_fill(m, view, r, key)
-                    fill_row(buf, view, r, m, True)
+
+                def done(a: int, b: int) -> None:  # on this thread, as the chunks are filled
+                    for (r, m), key in zip(todo[a:b], keys[a:b], strict=True):
+                        after_fill(m, view, r, key)
+                        fill_row(buf, view, r, m, True)
+
+                matchers = [m for _, m in todo]
+                self._shared.fill(matchers, buf, [r for r, _ in todo], len(first), done)
             active = np.asarray(rows, dtype=np.int64)
         else:  # each row guarded right after its fill, while its words are in cache
             fill_row = self._fill_row

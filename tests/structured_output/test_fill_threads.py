@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -122,10 +123,22 @@ def test_every_row_is_filled_once_and_an_error_reaches_the_caller(qwen3):
     try:
         for alone in (0, 3, 40):
             buf = torch.zeros((44, words), dtype=torch.int32)
-            shared.fill(matchers, buf, list(range(40)), alone)
+            chunks: list[tuple[int, int]] = []
+
+            def done(a: int, b: int, buf=buf, chunks=chunks) -> None:
+                # on the calling thread, once the chunk's rows are filled
+                assert threading.current_thread() is threading.main_thread()
+                assert torch.equal(buf[a:b], want[a:b])
+                chunks.append((a, b))
+
+            shared.fill(matchers, buf, list(range(40)), alone, done)
             assert torch.equal(buf, want), alone
+            assert sorted(i for a, b in chunks for i in range(a, b)) == list(range(40))
+            assert sorted(chunks)[:alone] == [(i, i + 1) for i in range(alone)]
+        chunks = []
         with pytest.raises(RuntimeError):  # a row past the buffer, in a helper's chunk
-            shared.fill(matchers, buf, list(range(39)) + [99])
+            shared.fill(matchers, buf, list(range(39)) + [99], 0, lambda a, b: chunks.append(b))
+        assert 40 not in chunks  # the failed chunk is not reported filled
         buf.zero_()
         shared.fill(matchers[::-1], buf, list(range(39, -1, -1)))
         assert torch.equal(buf, want)
