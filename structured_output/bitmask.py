@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .string_masks import after_fill, known_mask
+from .string_masks import after_fill, known_mask, known_source, use_known
 
 if TYPE_CHECKING:
     from .guard import GuardTable
@@ -119,6 +119,7 @@ class SharedFill:
         rows: list[int],
         alone: int = 0,
         done: Callable[[int, int], None] | None = None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> None:
         """Fill ``rows`` of ``buf`` from ``matchers``, a chunk of them at a time; the
         first ``alone`` rows each a chunk of its own (rows likely to cost far more than
@@ -126,7 +127,9 @@ class SharedFill:
 
         ``done(a, b)``, if given, runs on the calling thread once per chunk of indexes
         ``[a, b)`` filled, between the chunks it fills itself and at the end: the rows'
-        Python work overlaps the helpers' fills, and no helper runs Python per row."""
+        Python work overlaps the helpers' fills, and no helper runs Python per row.
+        ``meanwhile()``, if given, runs on the calling thread once the helpers have the
+        job, before it fills any chunk."""
         if self.helpers and not self._jobs:
             self._start()  # the first fill starts the helpers
         n = len(rows)
@@ -138,6 +141,8 @@ class SharedFill:
         job = _Job(matchers, buf, rows, bounds)
         for jobs in self._jobs:
             jobs.put(job)
+        if meanwhile is not None:
+            meanwhile()
         if done is None:
             job.work(self._own)
             job.wait()
@@ -277,37 +282,49 @@ class BitmaskFiller:
             return FilledMask(buf, self._index[r : r + 1] if restricts else self._index[:0])
         matchers = [g.matcher for g in guides]
         if len(rows) >= self.batch_threshold:
-            # rows whose mask is kept (inside a free string) are copied, not filled; the
-            # others are filled by the threads, which then run no Python (a thread that
-            # waits for Python's lock to do a row's bookkeeping is a core idle)
-            fill_row, todo, keys = self._fill_row, [], []
-            for r, m in zip(rows, matchers, strict=True):
-                copied, key = known_mask(m, view, r)
-                if copied:
-                    fill_row(buf, view, r, m, True)
-                else:
-                    todo.append((r, m))
-                    keys.append(key)
-            if todo:
-                # the costliest first (mid-escape, not remembered yet: up to milliseconds),
-                # so that no thread starts one when the others are nearly done
-                first = [i for i, key in enumerate(keys) if key is not None]
-                if first:
-                    order = first + [i for i, key in enumerate(keys) if key is None]
-                    todo, keys = [todo[i] for i in order], [keys[i] for i in order]
-
-                def done(a: int, b: int) -> None:  # on this thread, as the chunks are filled
-                    for (r, m), key in zip(todo[a:b], keys[a:b], strict=True):
-                        after_fill(m, view, r, key)
-                        fill_row(buf, view, r, m, True)
-
-                matchers = [m for _, m in todo]
-                self._shared.fill(matchers, buf, [r for r, _ in todo], len(first), done)
+            self._fill_shared(buf, view, rows, matchers)
             active = np.asarray(rows, dtype=np.int64)
         else:  # each row guarded right after its fill, while its words are in cache
             fill_row = self._fill_row
             active = [r for r, m in zip(rows, matchers, strict=True) if fill_row(buf, view, r, m)]
         return self._extras(buf, view, rows, guides, active)
+
+    def _fill_shared(
+        self, buf: torch.Tensor, view: np.ndarray, rows: Sequence[int], matchers: list[Any]
+    ) -> None:
+        """Many rows on the threads. Rows whose mask is kept (inside a free string) or
+        remembered are copied, not filled, on this thread while the helpers fill the
+        others; the helpers run no Python (a thread waiting for Python's lock to do a
+        row's bookkeeping is a core idle): this thread does each filled chunk's between
+        the chunks it fills itself."""
+        fill_row = self._fill_row
+        sources = [known_source(m) for m in matchers]
+        # the costliest first (mid-escape, not remembered yet: up to milliseconds), each
+        # a chunk of its own, so that no thread starts one when the others are nearly
+        # done, nor two of them one after the other
+        first = [i for i, (src, key) in enumerate(sources) if src is None and key is not None]
+        todo = first + [i for i, (src, key) in enumerate(sources) if src is None and key is None]
+        if not todo:
+            for r, m, (src, key) in zip(rows, matchers, sources, strict=True):
+                use_known(m, view, r, src, key)
+                fill_row(buf, view, r, m, True)
+            return
+
+        def copies() -> None:  # while the helpers start on the fills
+            for r, m, (src, key) in zip(rows, matchers, sources, strict=True):
+                if src is not None:
+                    use_known(m, view, r, src, key)
+                    fill_row(buf, view, r, m, True)
+
+        def done(a: int, b: int) -> None:  # as the chunks are filled
+            for i in todo[a:b]:
+                r, m = rows[i], matchers[i]
+                after_fill(m, view, r, sources[i][1])
+                fill_row(buf, view, r, m, True)
+
+        self._shared.fill(
+            [matchers[i] for i in todo], buf, [rows[i] for i in todo], len(first), done, copies
+        )
 
     def _fill_row(
         self, buf: torch.Tensor, view: np.ndarray, r: int, m: Any, filled: bool = False

@@ -391,24 +391,33 @@ def memo_hit(matcher: Any, key: tuple) -> np.ndarray | None:
     return hit
 
 
-def known_mask(matcher: Any, view: np.ndarray, row: int) -> tuple[bool, Any]:
-    """Before a fill: where ``matcher`` keeps its mask, or remembers it in its string's
-    memo, copy it into ``view[row]``. Returns whether it did, and the memo key to give
+def known_source(matcher: Any) -> tuple[np.ndarray | None, Any]:
+    """Before a fill: the mask ``matcher`` keeps, or remembers in its string's memo, for
+    its state (None: it must be filled), and the memo key to give `use_known` or
     `after_fill` (None: nothing to remember)."""
     if getattr(matcher, "keep", 0):
-        view[row] = matcher.kept
-        return True, None
+        return matcher.kept, None
     if getattr(matcher, "memo", None) is None:
-        return False, None
+        return None, None
     key = memo_key(matcher)
     if key is None:
-        return False, None
-    hit = memo_hit(matcher, key)
-    if hit is None:
-        return False, key
-    view[row] = hit
-    if matcher.probe:  # back at the string's text: kept again
+        return None, None
+    return memo_hit(matcher, key), key
+
+
+def use_known(matcher: Any, view: np.ndarray, row: int, source: np.ndarray, key: Any) -> None:
+    """Copy ``source`` (from `known_source`) into ``view[row]``."""
+    view[row] = source
+    if key is not None and matcher.probe:  # back at the string's text: kept again
         keep_if_free(matcher, view, row, key)
+
+
+def known_mask(matcher: Any, view: np.ndarray, row: int) -> tuple[bool, Any]:
+    """`known_source` and `use_known` at once: whether the row was copied, and the key."""
+    source, key = known_source(matcher)
+    if source is None:
+        return False, key
+    use_known(matcher, view, row, source, key)
     return True, key
 
 

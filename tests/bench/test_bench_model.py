@@ -1,6 +1,9 @@
 """The benches that run a model directory (``e2e --model``, ``throughput``), at tiny
 sizes on a tiny model, so that they don't rot: they run every method and mix, check
-the work each did, and write their JSON and plot. No timing is asserted here."""
+the work each did, and write their JSON and plot. No timing is asserted here.
+
+Each loads the model in this process and starts engines beside it (half a minute on
+two cores): they run with ``-m slow``, as the benches themselves do, by hand."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import pytest
 from bench import summary
 from bench.cli import main
 from tests.support.tiny_model import build_model
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

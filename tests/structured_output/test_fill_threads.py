@@ -131,8 +131,14 @@ def test_every_row_is_filled_once_and_an_error_reaches_the_caller(qwen3):
                 assert torch.equal(buf[a:b], want[a:b])
                 chunks.append((a, b))
 
-            shared.fill(matchers, buf, list(range(40)), alone, done)
+            before: list[int] = []  # runs once, before any chunk is reported
+
+            def meanwhile(chunks=chunks, before=before) -> None:
+                before.append(len(chunks))
+
+            shared.fill(matchers, buf, list(range(40)), alone, done, meanwhile)
             assert torch.equal(buf, want), alone
+            assert before == [0]
             assert sorted(i for a, b in chunks for i in range(a, b)) == list(range(40))
             assert sorted(chunks)[:alone] == [(i, i + 1) for i in range(alone)]
         chunks = []
