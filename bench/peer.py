@@ -294,67 +294,53 @@ def run(args: argparse.Namespace) -> list[Record]:
     finally:
         peer.close()
 
+    names = ["person", "weather", "order", "article"]
+
+    def record(b: int, method: str, t: np.ndarray, base: np.ndarray | None, **kw: Any) -> Record:
+        return Record(
+            bench="fill-vs-vllm",
+            device="cpu",
+            vocab="qwen3",
+            vocab_rows=tok.vocab_rows,
+            batch_size=b,
+            method=method,
+            median_us=round(p50(t), 1),
+            p90_us=round(p90(t), 1),
+            per_row_median_us=round(p50(t) / b, 2),
+            per_row_p90_us=round(p90(t) / b, 2),
+            iters=args.iters,
+            warmup=args.warmup,
+            seed=args.seed,
+            ratio=round(p50(base) / p50(t), 2) if base is not None else None,
+            env=env,
+            **kw,
+        )
+
     records = []
     per = args.iters - args.warmup  # timed steps per round
     for b, sides in times.items():
-        vllm = p50(np.asarray(sides["vllm"]))
+        vllm = np.asarray(sides["vllm"])
         for side, ts in sides.items():
             t = np.asarray(ts)
-            records.append(
-                Record(
-                    bench="fill-vs-vllm",
-                    device="cpu",
-                    vocab="qwen3",
-                    vocab_rows=tok.vocab_rows,
-                    batch_size=b,
-                    method=side,
-                    median_us=round(p50(t), 1),
-                    p90_us=round(p90(t), 1),
-                    per_row_median_us=round(p50(t) / b, 2),
-                    per_row_p90_us=round(p90(t) / b, 2),
-                    iters=args.iters,
-                    warmup=args.warmup,
-                    seed=args.seed,
-                    grammars=["person", "weather", "order", "article"],
-                    ratio=round(vllm / p50(t), 2) if side != "vllm" else None,
-                    extra={
-                        "rounds": args.rounds,
-                        "round_medians_us": [
-                            round(p50(t[i * per : (i + 1) * per]), 1) for i in range(args.rounds)
-                        ],
-                        "loadavg_1m": [round(x, 2) for x in loads],
-                        "peer": info,
-                        "masks": checks,
-                        "max_whitespace": config.max_whitespace,
-                        "fill_threads": fill_threads_for(config.fill_threads),
-                        "helper_start_us": start_delay,
-                    },
-                    env=env,
-                )
-            )
+            extra = {
+                "rounds": args.rounds,
+                "round_medians_us": [
+                    round(p50(t[i * per : (i + 1) * per]), 1) for i in range(args.rounds)
+                ],
+                "loadavg_1m": [round(x, 2) for x in loads],
+                "peer": info,
+                "masks": checks,
+                "max_whitespace": config.max_whitespace,
+                "fill_threads": fill_threads_for(config.fill_threads),
+                "helper_start_us": start_delay,
+            }
+            base = vllm if side != "vllm" else None
+            records.append(record(b, side, t, base, grammars=names, extra=extra))
     for i, (theirs, ours) in enumerate(one_row):
-        for side, t in (("vllm", theirs), ("engine", ours)):
-            records.append(
-                Record(
-                    bench="fill-vs-vllm",
-                    device="cpu",
-                    vocab="qwen3",
-                    vocab_rows=tok.vocab_rows,
-                    batch_size=1,
-                    method=f"{side}_state",
-                    median_us=round(p50(t), 1),
-                    p90_us=round(p90(t), 1),
-                    per_row_median_us=round(p50(t), 2),
-                    per_row_p90_us=round(p90(t), 2),
-                    iters=args.iters,
-                    warmup=args.warmup,
-                    seed=args.seed,
-                    grammars=[["person", "weather", "order", "article"][rows[i][0]]],
-                    ratio=round(p50(theirs) / p50(ours), 2) if side == "engine" else None,
-                    extra={"state": i, "tail": tok.decode(rows[i][1][-3:])},
-                    env=env,
-                )
-            )
+        extra = {"state": i, "tail": tok.decode(rows[i][1][-3:])}
+        for side, t, base in (("vllm", theirs, None), ("engine", ours, theirs)):
+            kind = [names[rows[i][0]]]
+            records.append(record(1, f"{side}_state", t, base, grammars=kind, extra=extra))
     return records
 
 
