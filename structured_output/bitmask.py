@@ -226,8 +226,8 @@ class BitmaskFiller:
     Below ``batch_threshold`` rows a plain loop over the matchers is used; it also
     learns which rows restrict nothing and skips them, and ``guard`` (`guard.py`)
     combines each row of a `GuardedMatcher` with the mask of its state right after the
-    row's fill. From ``batch_threshold`` rows on, ``max_threads`` threads share the rows
-    (`SharedFill`), each guarding the rows it takes the same way.
+    row's fill. From ``batch_threshold`` rows on, ``max_threads`` threads share the
+    rows' fills (`SharedFill`) while the step's thread copies, checks and guards them.
     """
 
     def __init__(
@@ -304,17 +304,16 @@ class BitmaskFiller:
         # done, nor two of them one after the other
         first = [i for i, (src, key) in enumerate(sources) if src is None and key is not None]
         todo = first + [i for i, (src, key) in enumerate(sources) if src is None and key is None]
-        if not todo:
-            for r, m, (src, key) in zip(rows, matchers, sources, strict=True):
-                use_known(m, view, r, src, key)
-                fill_row(buf, view, r, m, True)
-            return
 
         def copies() -> None:  # while the helpers start on the fills
             for r, m, (src, key) in zip(rows, matchers, sources, strict=True):
                 if src is not None:
                     use_known(m, view, r, src, key)
                     fill_row(buf, view, r, m, True)
+
+        if not todo:
+            copies()
+            return
 
         def done(a: int, b: int) -> None:  # as the chunks are filled
             for i in todo[a:b]:

@@ -139,6 +139,39 @@ def test_kept_masks_equal_fresh_fills_threaded(qwen3, lc):
     assert kept > total // 20, (kept, total)
 
 
+def test_a_threaded_step_where_every_row_is_kept_or_remembered_fills_none(qwen3, lc):
+    """Every row inside a free string (kept) or back at a string's text after an
+    escape (remembered): the threaded path copies them all, asks xgrammar for none, and
+    each row equals a fresh fill."""
+    g = _builtin_json(lc)
+    texts = ['{"a": "some text', '["xy zzy', '{"k": "a\\nb and more', '{"q": "say']
+    pairs = []
+    for text in texts * 3:
+        m, twin = lc.matcher(g), lc.matcher(g)
+        one = BitmaskFiller(1, qwen3.vocab_rows, guard=lc.guard)
+        for t in qwen3.encode(text, special=False):
+            one.fill([0], [RequestGuide(None, m)])
+            assert m.accept_token(t) and twin.accept_token(t)
+        pairs.append((m, twin))
+    filler = BitmaskFiller(len(pairs), qwen3.vocab_rows, batch_threshold=2, max_threads=2)
+    filler.guard = lc.guard
+    fills = []
+    batch_fill = filler._shared.fill
+    filler._shared.fill = lambda *a, **k: fills.append(1) or batch_fill(*a, **k)
+    want = torch.zeros((1, filler.words), dtype=torch.int32)
+    try:
+        for _ in range(2):  # the first step may still check a string; the second copies
+            fills.clear()
+            filler.buffers[0].zero_()  # nothing left over from the step before
+            got = filler.fill(list(range(len(pairs))), [RequestGuide(None, m) for m, _ in pairs])
+            for i, (_, twin) in enumerate(pairs):
+                twin.fill_next_token_bitmask(want, 0)
+                assert torch.equal(got.buffer[i], want[0]), i
+        assert all(m.keep for m, _ in pairs) and not fills
+    finally:
+        filler.close()
+
+
 def test_documents_walked_keep_masks_inside_their_strings(qwen3, lc):
     """The bench's documents, token by token: strings' text is mostly kept, and every
     kept mask is the fresh one."""
