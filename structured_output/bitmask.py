@@ -141,12 +141,6 @@ class SharedFill:
         job = _Job(matchers, buf, rows, bounds)
         for jobs in self._jobs:
             jobs.put(job)
-        if meanwhile is not None:
-            meanwhile()
-        if done is None:
-            job.work(self._own)
-            job.wait()
-            return
         seen = 0
 
         def drain() -> None:
@@ -155,9 +149,17 @@ class SharedFill:
                 done(*bounds[job.filled[seen]])
                 seen += 1
 
-        job.work(self._own, drain)
+        # an error in this thread's own work is raised once every chunk is filled: no
+        # helper may still write into the buffer when the caller handles it
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException as e:
+                job.error, done = e, None
+        job.work(self._own, drain if done is not None else None)
         job.wait()
-        drain()
+        if done is not None:
+            drain()
 
     def close(self) -> None:
         for jobs in self._jobs:
@@ -203,7 +205,10 @@ class _Job:
                 if self._done == len(self.bounds):
                     self._cond.notify_all()
             if between is not None:
-                between()
+                try:
+                    between()
+                except BaseException as e:  # raised by wait, after the last chunk
+                    self.error, between = self.error or e, None
 
     def wait(self) -> None:
         with self._cond:

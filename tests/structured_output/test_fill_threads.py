@@ -150,3 +150,19 @@ def test_every_row_is_filled_once_and_an_error_reaches_the_caller(qwen3):
         assert torch.equal(buf, want)
     finally:
         shared.close()
+    # an error in the caller's own work (``done``, ``meanwhile``) is raised once every
+    # row is filled, with helpers or without (no helper left writing, no hang)
+    for helpers in (3, 0):
+        shared = SharedFill(helpers=helpers, chunk=4)
+        try:
+
+            def fail(*_: int) -> None:
+                raise ValueError("bookkeeping failed")
+
+            for kw in ({"done": fail}, {"meanwhile": fail}):
+                buf = torch.zeros((44, words), dtype=torch.int32)
+                with pytest.raises(ValueError, match="bookkeeping failed"):
+                    shared.fill(matchers, buf, list(range(40)), **kw)
+                assert torch.equal(buf, want), (helpers, kw)
+        finally:
+            shared.close()
