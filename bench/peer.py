@@ -338,8 +338,8 @@ def run(args: argparse.Namespace) -> list[Record]:
             records.append(record(b, side, t, base, grammars=names, extra=extra))
     for i, (theirs, ours) in enumerate(one_row):
         extra = {"state": i, "tail": tok.decode(rows[i][1][-3:])}
+        kind = [names[rows[i][0]]]
         for side, t, base in (("vllm", theirs, None), ("engine", ours, theirs)):
-            kind = [names[rows[i][0]]]
             records.append(record(1, f"{side}_state", t, base, grammars=kind, extra=extra))
     return records
 

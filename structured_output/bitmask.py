@@ -302,7 +302,7 @@ class BitmaskFiller:
         others; the helpers run no Python (a thread waiting for Python's lock to do a
         row's bookkeeping is a core idle): this thread does each filled chunk's between
         the chunks it fills itself."""
-        fill_row = self._fill_row
+        guard_row = self._guard_row
         sources = [known_source(m) for m in matchers]
         # the costliest first (mid-escape, not remembered yet: up to milliseconds), each
         # a chunk of its own, so that no thread starts one when the others are nearly
@@ -314,7 +314,7 @@ class BitmaskFiller:
             for r, m, (src, key) in zip(rows, matchers, sources, strict=True):
                 if src is not None:
                     use_known(m, view, r, src, key)
-                    fill_row(buf, view, r, m, True)
+                    guard_row(view, r, m)
 
         if not todo:
             copies()
@@ -324,30 +324,27 @@ class BitmaskFiller:
             for i in todo[a:b]:
                 r, m = rows[i], matchers[i]
                 after_fill(m, view, r, sources[i][1])
-                fill_row(buf, view, r, m, True)
+                guard_row(view, r, m)
 
         self._shared.fill(
             [matchers[i] for i in todo], buf, [rows[i] for i in todo], len(first), done, copies
         )
 
-    def _fill_row(
-        self, buf: torch.Tensor, view: np.ndarray, r: int, m: Any, filled: bool = False
-    ) -> bool:
-        """Row ``r`` from matcher ``m``: its kept or remembered mask, or a fill (unless
-        ``filled`` already), then the guard; whether the row restricts anything."""
-        if filled:
-            restricts = True
+    def _fill_row(self, buf: torch.Tensor, view: np.ndarray, r: int, m: Any) -> bool:
+        """Row ``r`` from matcher ``m``: its kept or remembered mask, or a fill, then the
+        guard; whether the row restricts anything."""
+        copied, key = known_mask(m, view, r)
+        if copied:
+            restricts = True  # inside a string: always restricted
         else:
-            copied, key = known_mask(m, view, r)
-            if copied:
-                restricts = True  # inside a string: always restricted
-            else:
-                restricts = self._fill_one(m, buf, r)
-                after_fill(m, view, r, key)
-        q = getattr(m, "guard_state", -1)
-        if q >= 0 and self.guard is not None and self.guard.apply_one(view, r, q, m.guard_lenient):
-            return True
-        return restricts
+            restricts = self._fill_one(m, buf, r)
+            after_fill(m, view, r, key)
+        return self._guard_row(view, r, m) or restricts
+
+    def _guard_row(self, view: np.ndarray, r: int, m: Any) -> bool:
+        """AND row ``r`` with the guard's mask for ``m``'s state; whether it has one."""
+        q, guard = getattr(m, "guard_state", -1), self.guard
+        return q >= 0 and guard is not None and guard.apply_one(view, r, q, m.guard_lenient)
 
     def _extras(
         self,
