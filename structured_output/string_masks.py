@@ -48,6 +48,15 @@ from typing import Any
 
 import numpy as np
 
+from .escape_masks import (
+    AFTER_BACKSLASH,
+    EscapeCache,
+    EscapeTables,
+    RuleClass,
+    escape_kind,
+    escape_rules,
+)
+
 _STATE = re.compile(
     r"ParserState\(rule_id=(-?\d+), sequence_id=-?\d+, element_id=(-?\d+), "
     r"rule_start_pos=-?\d+, sub_element_id=(-?\d+)\)"
@@ -168,6 +177,7 @@ class PlainTables:
         self._chars: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._tables: dict[Any, bytes] = {}
         self._lock = threading.Lock()
+        self._escapes = EscapeCache()
         #: every token is plain: a grammar with no self-loop rule never checks
         self.every = b"\x01" * vocab_rows
         #: one-character tokens that every free string allows: a row whose mask
@@ -179,8 +189,14 @@ class PlainTables:
     def warm(self) -> None:
         """Build what the first grammar with JSON strings would (the vocabulary's code
         points, the table of xgrammar's JSON string rule), off the engine's step."""
-        for rule in self_loop_rules(_JSON_STRING_RULE).values():
+        rules = list(self_loop_rules(_JSON_STRING_RULE).values())
+        for rule in rules:
             self.table(*rule)
+        self.escape_tables(rules)
+
+    def escape_tables(self, rules: Sequence[RuleClass]) -> EscapeTables:
+        """The `EscapeTables` of strings read by ``rules`` side by side."""
+        return self._escapes.get(self._bytes, self.vocab_rows, self._code_points, rules)
 
     def _code_points(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every whole-UTF-8 token's code points, concatenated, where each token's begin,
@@ -243,6 +259,10 @@ class KeptStrings:
         self._verdicts: dict[tuple[tuple[str, str, str], ...], bytes | None] = {}
         #: the same points, where they are starts: of which rules
         self.starts_of: dict[tuple[tuple[str, str, str], ...], frozenset[int]] = {}
+        #: the rules that are JSON's escape rule, and the kind of point mid-escape
+        #: (`escape_masks.escape_kind`) of parser points found in one, or None
+        self.escapes = escape_rules(grammar_text, _char_class)
+        self._kinds: dict[tuple[Any, frozenset[int]], int | None] = {}
         #: ``0`` for a token after which a check is worth it: one that is plain in no
         #: self-loop rule (a quote, an escape), where a string may begin or resume
         self.any_plain = self._union() if self.rules else plain.every
@@ -279,6 +299,29 @@ class KeptStrings:
         except KeyError:
             verdict = self._verdicts[found] = self._verdict(matcher, found)
             return verdict
+
+    def escape_kind(
+        self, matcher: Any, found: tuple[tuple[str, str, str], ...], rules: frozenset[int]
+    ) -> int | None:
+        """The kind of point mid-escape (`escape_masks.escape_kind`) of ``found``,
+        ``matcher``'s parser points, in a string read by ``rules``: None unless it
+        stands in a rule of `escapes` alone, and the escape, once complete, leads back
+        to the starts of ``rules``. Found once per grammar, points and rules."""
+        try:
+            return self._kinds[found, rules]
+        except KeyError:
+            kind = None
+            points = _points(found)
+            if points and len(points) == 1 and next(iter(points))[0] in self.escapes:
+                kind = escape_kind(matcher.fork)
+            if kind is not None:
+                fork = matcher.fork()
+                fork.accept_string("n" if kind == AFTER_BACKSLASH else "0" * kind)
+                back = tuple(_STATE.findall(_state(fork)))
+                if self.check(fork, back) is None or self.starts_of.get(back) != rules:
+                    kind = None
+            self._kinds[found, rules] = kind
+            return kind
 
     def _verdict(self, matcher: Any, found: tuple[tuple[str, str, str], ...]) -> bytes | None:
         points = _points(found)
@@ -388,7 +431,28 @@ def memo_hit(matcher: Any, key: tuple) -> np.ndarray | None:
         rules = matcher._kept.starts_of.get(key)
         if rules is not None:
             hit = memo.get(("start", rules))
+        else:
+            hit = _mid_escape(matcher, key)
+            if hit is not None:
+                memo[key] = hit
     return hit
+
+
+def _mid_escape(matcher: Any, key: tuple) -> np.ndarray | None:
+    """``matcher``'s mask mid-escape in its string, derived from the string's start mask
+    (`escape_masks`); None where it does not stand in JSON's escape rule, or its memo
+    holds no start of one set of rules."""
+    kept = matcher._kept
+    if not kept.escapes:
+        return None
+    starts = [k for k in matcher.memo if k[0] == "start"]
+    if len(starts) != 1:
+        return None
+    kind = kept.escape_kind(matcher, key, starts[0][1])
+    if kind is None:
+        return None
+    rules = [kept.rules[r] for r in starts[0][1]]
+    return kept.plain.escape_tables(rules).mask(kind, matcher.memo[starts[0]], matcher)
 
 
 def known_source(matcher: Any) -> tuple[np.ndarray | None, Any]:

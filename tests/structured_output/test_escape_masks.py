@@ -1,0 +1,157 @@
+"""Masks mid-escape in a free JSON string, derived from the string's start mask
+(`structured_output.escape_masks`) instead of filled: at every point of every kind of
+escape, in strings read by each kind of rule (a schema's value, a key, an array's item,
+xgrammar's builtin grammar for any JSON with its two rules side by side, a tool call's
+argument inside a structural tag), on two real vocabularies, each mask equals a fresh
+fill, and xgrammar fills none of them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import states
+from structured_output import CompileOptions, GrammarSpec, LocalCompiler
+from structured_output.bitmask import BitmaskFiller
+from structured_output.escape_masks import AFTER_BACKSLASH, escape_kind
+from structured_output.guard import GuardedGrammar
+from structured_output.guide import RequestGuide
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "string"},
+        "b": {"type": "array", "items": {"type": "string"}},
+        "c": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+#: (grammar, text up to a string's text): value, array item, key, last value, nested
+PREFIXES = [
+    ("schema", '{"a": "xy'),
+    ("schema", '{"a": "x", "b": ["p'),
+    ("schema", '{"c": {"ke'),
+    ("builtin", '{"k": "ab'),  # read by two rules: one before a comma, one before a brace
+    ("builtin", '["x'),
+    ("builtin", '{"k'),
+    ("json_object", '{"k": [1, "v'),
+    ("hermes_tag", '\n{"name": "get_time", "arguments": {"tz": "Rey'),
+]
+#: escapes of every kind: each letter, a ``\\u`` escape, a surrogate pair, two in a row
+ESCAPES = ["\\n", '\\"', "\\\\", "\\/", "\\u00e9", "\\u4E2d", "\\ud83d\\ude00", "\\t\\u0041"]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "harmony"])
+def setup(request):
+    tok = request.getfixturevalue(request.param)
+    lc = LocalCompiler(tok, CompileOptions(max_whitespace=16))
+    grammars = {
+        "schema": lc.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMA))),
+        "builtin": GuardedGrammar.wrap(lc.compiler.compile_builtin_json_grammar(), True),
+        "json_object": lc.compile(GrammarSpec.of("json_object", "")),
+    }
+    if request.param == "qwen3":  # the bench's hermes tag names qwen3's markers
+        grammars["hermes_tag"] = lc.compile(states.SPECS["hermes_tag"])
+    return tok, lc, grammars
+
+
+def _ids(tok, text: str) -> list[int]:
+    """One token per character (every vocabulary here has each ASCII byte as one)."""
+    out = []
+    for c in text:
+        one = tok.encode(c, special=False)
+        assert len(one) == 1, c
+        out += one
+    return out
+
+
+def _mid_escape(text: str) -> list[bool]:
+    """Per position of ``text``: whether the text before it stops mid-escape."""
+    out, due = [], 0
+    for c in text:
+        out.append(due > 0)
+        if due == -1:  # after a backslash
+            due = 4 if c == "u" else 0
+        elif due > 0:
+            due -= 1
+        elif c == "\\":
+            due = -1
+    return out
+
+
+@pytest.mark.parametrize("escape", ESCAPES)
+def test_masks_mid_escape_equal_fresh_fills_and_none_is_filled(setup, escape):
+    tok, lc, grammars = setup
+    for name, prefix in PREFIXES:
+        if name not in grammars:
+            continue
+        g = grammars[name]
+        head = [tok.id_of("<tool_call>")] if name == "hermes_tag" else []
+        text = prefix + escape + "z" + escape
+        ids = head + _ids(tok, text)
+        mid = [False] * len(head) + _mid_escape(text)
+        m, twin = lc.matcher(g), lc.matcher(g)
+        filler = BitmaskFiller(1, tok.vocab_rows, guard=lc.guard)
+        fills = []
+        fill = filler._fill_one
+        filler._fill_one = lambda *a, fill=fill, fills=fills: fills.append(1) or fill(*a)
+        want = torch.zeros((1, filler.words), dtype=torch.int32)
+        derived = 0
+        for t, inside in zip(ids, mid, strict=True):
+            before = len(fills)
+            got = filler.fill([0], [RequestGuide(None, m)])
+            twin.fill_next_token_bitmask(want, 0)
+            where = f"{name} {prefix!r} then {escape!r}, at {tok.decode([t])!r}"
+            assert torch.equal(got.buffer[0], want[0]), where
+            if inside:
+                assert len(fills) == before, f"filled mid-escape: {where}"
+                derived += 1
+            assert m.accept_token(t) and twin.accept_token(t), where
+        assert derived == sum(mid)
+
+
+def test_a_stop_token_that_is_a_witness_is_asked_instead(qwen3):
+    """A request's stop token may be an ordinary token (its bit in the string's start
+    mask is the stop's, not its text's): where it stands witness for tokens that end a
+    string after an escape, the mask is still the fresh one."""
+    lc = LocalCompiler(qwen3, CompileOptions(max_whitespace=16))
+    g = lc.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMA)))
+    m = lc.matcher(g)
+    filler = BitmaskFiller(1, qwen3.vocab_rows, guard=lc.guard)
+    for t in _ids(qwen3, '{"a": "xy\\'):
+        filler.fill([0], [RequestGuide(None, m)])
+        assert m.accept_token(t)
+    rules = [m._kept.rules[r] for k in m.memo if k[0] == "start" for r in k[1]]
+    tables = m._kept.plain.escape_tables(rules)
+    _, asked, witness, _ = tables.kinds[AFTER_BACKSLASH]
+    assert len(asked), "no token ends a string after a backslash: nothing to test"
+    used = set(_ids(qwen3, '{"a": "xy\\'))
+    stops = sorted({int(w) for w in witness if int(w) not in used})[:5]
+    stops += list(qwen3.stop_token_ids)
+    for grammar_stops in (None, stops):
+        m, twin = (
+            lc.matcher(g, stop_token_ids=grammar_stops),
+            lc.matcher(g, stop_token_ids=grammar_stops),
+        )
+        want = torch.zeros((1, filler.words), dtype=torch.int32)
+        for t in _ids(qwen3, '{"a": "xy\\'):
+            got = filler.fill([0], [RequestGuide(None, m)])
+            twin.fill_next_token_bitmask(want, 0)
+            assert m.accept_token(t) and twin.accept_token(t)
+        got = filler.fill([0], [RequestGuide(None, m)])
+        twin.fill_next_token_bitmask(want, 0)
+        assert torch.equal(got.buffer[0], want[0]), grammar_stops
+
+
+def test_escape_kinds_are_told_by_stepping_forks(qwen3):
+    """The kind of each point of a ``\\u`` escape, and None outside one."""
+    lc = LocalCompiler(qwen3, CompileOptions(max_whitespace=16))
+    g = lc.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMA)))
+    m = lc.matcher(g)
+    assert m.accept_string('{"a": "x')
+    kinds = []
+    for c in "\\u00e":
+        assert m.accept_string(c)
+        kinds.append(escape_kind(m.fork))
+    assert kinds == [AFTER_BACKSLASH, 4, 3, 2, 1]
