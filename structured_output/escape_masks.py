@@ -160,6 +160,7 @@ class EscapeTables:
         if len(starts):
             last_bad[ids] = np.maximum.reduceat(np.where(plain, -1, rel), starts)
         self._rules = tuple(rules)
+        self.vocab_rows = vocab_rows
         self._bytes = tb
         by_bytes: dict[bytes, int] = {}
         for i, b in enumerate(tb):
@@ -182,7 +183,9 @@ class EscapeTables:
             sure = within | rest_plain
             ask = np.flatnonzero(goes_on & ~rest_plain)
             asked, witness, forked = self._witnesses(ask, through[ask], by_bytes)
-            self.kinds[kind] = (_pack(sure, words), asked, witness, forked)
+            packed = _pack(sure, words)
+            packed.setflags(write=False)  # returned as it is where nothing is asked
+            self.kinds[kind] = (packed, asked, witness, forked)
         #: every witness, to tell one that a matcher's stop tokens take (asked then)
         self.witnesses = frozenset(
             int(w) for _, _, ws, _ in self.kinds.values() for w in ws.tolist()
@@ -227,13 +230,16 @@ class EscapeTables:
             np.asarray(forked, dtype=np.int64),
         )
 
-    def mask(self, kind: int, start: np.ndarray, matcher: Any) -> np.ndarray:
-        """The mask (uint32 words) at a point of ``kind`` in a string whose rules'
-        start mask is ``start`` (as xgrammar filled it, before any guard), ``matcher``
-        standing there (forked for the tokens without a witness)."""
+    def mask(self, kind: int, start: np.ndarray, stops: Sequence[int], matcher: Any) -> np.ndarray:
+        """The mask (uint32 words; read-only, maybe shared) at a point of ``kind`` in a
+        string whose rules' start mask is ``start`` (as xgrammar filled it, before any
+        guard), for a matcher standing there (forked for the tokens without a witness)
+        that ends on ``stops``."""
         sure, asked, witness, forked = self.kinds[kind]
+        stopped = [s for s in stops if 0 <= s < self.vocab_rows and sure[s >> 5] >> (s & 31) & 1]
+        if not len(asked) and not len(forked) and not stopped:
+            return sure  # whatever follows the string
         out = sure.copy()
-        stops = matcher.stop_token_ids
         if len(asked):
             taken = [s for s in stops if s in self.witnesses]
             if taken:  # a stop token's bit says nothing of its bytes: ask the fork
@@ -249,8 +255,9 @@ class EscapeTables:
                     out[t >> 5] |= np.uint32(1 << (t & 31))
                     fork.rollback(1)
         for s in stops:  # never text: a stop token ends the grammar, not mid-escape
-            if 0 <= s < len(out) * 32:
+            if 0 <= s < self.vocab_rows:
                 out[s >> 5] &= ~np.uint32(1 << (s & 31))
+        out.setflags(write=False)
         return out
 
 

@@ -357,6 +357,8 @@ class GuardedMatcher(xgr.GrammarMatcher):
     ) -> None:
         stops = None if override_stop_tokens is None else list(override_stop_tokens)
         super().__init__(compiled_grammar, override_stop_tokens=stops)
+        #: the tokens it ends on (xgrammar's list, read once)
+        self.stops = tuple(self.stop_token_ids)
         self.guard = guard
         self._h = self._handle
         self._codes = guard.codes

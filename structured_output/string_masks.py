@@ -262,7 +262,7 @@ class KeptStrings:
         #: the rules that are JSON's escape rule, and the kind of point mid-escape
         #: (`escape_masks.escape_kind`) of parser points found in one, or None
         self.escapes = escape_rules(grammar_text, _char_class)
-        self._kinds: dict[tuple[Any, frozenset[int]], int | None] = {}
+        self._kinds: dict[tuple[Any, frozenset[int]], tuple[int, EscapeTables] | None] = {}
         #: ``0`` for a token after which a check is worth it: one that is plain in no
         #: self-loop rule (a quote, an escape), where a string may begin or resume
         self.any_plain = self._union() if self.rules else plain.every
@@ -302,11 +302,12 @@ class KeptStrings:
 
     def escape_kind(
         self, matcher: Any, found: tuple[tuple[str, str, str], ...], rules: frozenset[int]
-    ) -> int | None:
+    ) -> tuple[int, EscapeTables] | None:
         """The kind of point mid-escape (`escape_masks.escape_kind`) of ``found``,
-        ``matcher``'s parser points, in a string read by ``rules``: None unless it
-        stands in a rule of `escapes` alone, and the escape, once complete, leads back
-        to the starts of ``rules``. Found once per grammar, points and rules."""
+        ``matcher``'s parser points, in a string read by ``rules``, and the tables of
+        those rules: None unless it stands in a rule of `escapes` alone, and the
+        escape, once complete, leads back to the starts of ``rules``. Found once per
+        grammar, points and rules."""
         try:
             return self._kinds[found, rules]
         except KeyError:
@@ -320,8 +321,11 @@ class KeptStrings:
                 back = tuple(_STATE.findall(_state(fork)))
                 if self.check(fork, back) is None or self.starts_of.get(back) != rules:
                     kind = None
-            self._kinds[found, rules] = kind
-            return kind
+            tables = None
+            if kind is not None:
+                tables = (kind, self.plain.escape_tables([self.rules[r] for r in rules]))
+            self._kinds[found, rules] = tables
+            return tables
 
     def _verdict(self, matcher: Any, found: tuple[tuple[str, str, str], ...]) -> bytes | None:
         points = _points(found)
@@ -407,6 +411,11 @@ def keep_if_free(matcher: Any, view: np.ndarray, row: int, found: tuple | None =
         start = matcher.memo.get(at)
         if start is None:
             start = matcher.memo[at] = words.copy()
+            # the string's start, for its masks mid-escape (`_mid_escape`): none where
+            # starts of other rules were found in it too
+            first = matcher.memo.setdefault("start", at)
+            if first != at:
+                matcher.memo["start"] = None
         matcher.memo.setdefault(found, start)
 
 
@@ -443,16 +452,14 @@ def _mid_escape(matcher: Any, key: tuple) -> np.ndarray | None:
     (`escape_masks`); None where it does not stand in JSON's escape rule, or its memo
     holds no start of one set of rules."""
     kept = matcher._kept
-    if not kept.escapes:
+    at = matcher.memo.get("start") if kept.escapes else None
+    if at is None:
         return None
-    starts = [k for k in matcher.memo if k[0] == "start"]
-    if len(starts) != 1:
+    found = kept.escape_kind(matcher, key, at[1])
+    if found is None:
         return None
-    kind = kept.escape_kind(matcher, key, starts[0][1])
-    if kind is None:
-        return None
-    rules = [kept.rules[r] for r in starts[0][1]]
-    return kept.plain.escape_tables(rules).mask(kind, matcher.memo[starts[0]], matcher)
+    kind, tables = found
+    return tables.mask(kind, matcher.memo[at], matcher.stops, matcher)
 
 
 def known_source(matcher: Any) -> tuple[np.ndarray | None, Any]:

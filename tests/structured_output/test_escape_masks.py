@@ -122,7 +122,7 @@ def test_a_stop_token_that_is_a_witness_is_asked_instead(qwen3):
     for t in _ids(qwen3, '{"a": "xy\\'):
         filler.fill([0], [RequestGuide(None, m)])
         assert m.accept_token(t)
-    rules = [m._kept.rules[r] for k in m.memo if k[0] == "start" for r in k[1]]
+    rules = [m._kept.rules[r] for r in m.memo["start"][1]]
     tables = m._kept.plain.escape_tables(rules)
     _, asked, witness, _ = tables.kinds[AFTER_BACKSLASH]
     assert len(asked), "no token ends a string after a backslash: nothing to test"
