@@ -155,17 +155,14 @@ class EscapeTables:
         for rule in rules:
             ok, _ = _in_class(points, rule)
             plain &= ok
-        rel = np.arange(len(points)) - np.repeat(starts, np.diff(np.append(starts, len(points))))
         last_bad = np.full(n, 1 << 30, dtype=np.int64)  # past every escape: never plain
-        if len(starts):
-            last_bad[ids] = np.maximum.reduceat(np.where(plain, -1, rel), starts)
+        last_bad[ids] = -1
+        bad = np.flatnonzero(~plain)  # few: quotes, backslashes, control characters
+        owner = np.searchsorted(starts, bad, side="right") - 1
+        np.maximum.at(last_bad, ids[owner], bad - starts[owner])
         self._rules = tuple(rules)
         self.vocab_rows = vocab_rows
-        self._bytes = tb
-        by_bytes: dict[bytes, int] = {}
-        for i, b in enumerate(tb):
-            if b:
-                by_bytes.setdefault(b, i)
+        self._chars: dict[int, tuple[bool, bool]] = {}
         words = -(-vocab_rows // 32)
         self.kinds: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         for kind in KINDS:
@@ -182,7 +179,7 @@ class EscapeTables:
             rest_plain = goes_on & ((lengths == through) | (last_bad < through))
             sure = within | rest_plain
             ask = np.flatnonzero(goes_on & ~rest_plain)
-            asked, witness, forked = self._witnesses(ask, through[ask], by_bytes)
+            asked, witness, forked = self._witnesses(ask, through[ask], tb)
             packed = _pack(sure, words)
             packed.setflags(write=False)  # returned as it is where nothing is asked
             self.kinds[kind] = (packed, asked, witness, forked)
@@ -192,43 +189,47 @@ class EscapeTables:
         )
 
     def _witnesses(
-        self, ask: np.ndarray, through: np.ndarray, by_bytes: dict[bytes, int]
+        self, ask: np.ndarray, through: np.ndarray, tb: list[bytes]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The tokens ``ask`` whose rest (past their first ``through`` bytes) may be
         allowed, with a witness or without: none whose first character past the plain
         ones is refused by every rule."""
-        asked, witness, forked = [], [], []
+        rests: list[tuple[int, bytes]] = []
         for t, j in zip(ask.tolist(), through.tolist(), strict=True):
-            q = self._bytes[t][j:]
+            q = tb[t][j:]
             try:  # its whole characters, then what is not one (bytes of a cut one)
                 text, tail = q.decode("utf-8"), b""
             except UnicodeDecodeError as e:
                 text, tail = q[: e.start].decode("utf-8"), q[e.start :]
-            cps = np.fromiter(map(ord, text), np.int64, len(text))
-            plain = np.ones(len(cps), dtype=bool)
-            refused = np.ones(len(cps), dtype=bool)
-            for rule in self._rules:
-                ok, no = _in_class(cps, rule)
-                plain &= ok
-                refused &= no
-            bad = np.flatnonzero(~plain)
-            if len(bad):  # from its first character that is not plain
-                if refused[bad[0]]:
-                    continue  # refused whatever follows the string
-                q = text[bad[0] :].encode("utf-8") + tail
+            for f, c in enumerate(text):  # from its first character that is not plain
+                plain, refused = self._char(ord(c))
+                if not plain:
+                    if not refused:
+                        rests.append((t, text[f:].encode("utf-8") + tail))
+                    break
             else:
-                q = tail
-            w = by_bytes.get(q, -1)
-            if w >= 0:
-                asked.append(t)
-                witness.append(w)
-            else:
-                forked.append(t)
+                rests.append((t, tail))
+        need = {q for _, q in rests}
+        by_bytes = {b: i for i, b in enumerate(tb) if b in need} if need else {}
+        asked = [(t, by_bytes[q]) for t, q in rests if q in by_bytes]
+        forked = [t for t, q in rests if q not in by_bytes]
         return (
-            np.asarray(asked, dtype=np.int64),
-            np.asarray(witness, dtype=np.int64),
+            np.asarray([t for t, _ in asked], dtype=np.int64),
+            np.asarray([w for _, w in asked], dtype=np.int64),
             np.asarray(forked, dtype=np.int64),
         )
+
+    def _char(self, c: int) -> tuple[bool, bool]:
+        """Whether code point ``c`` is plain in every rule, and refused by every rule."""
+        found = self._chars.get(c)
+        if found is None:
+            point = np.asarray([c], dtype=np.int64)
+            kinds = [_in_class(point, rule) for rule in self._rules]
+            found = self._chars[c] = (
+                all(bool(ok[0]) for ok, _ in kinds),
+                all(bool(no[0]) for _, no in kinds),
+            )
+        return found
 
     def mask(self, kind: int, start: np.ndarray, stops: Sequence[int], matcher: Any) -> np.ndarray:
         """The mask (uint32 words; read-only, maybe shared) at a point of ``kind`` in a
