@@ -7,6 +7,7 @@ fill, and xgrammar fills none of them."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -42,10 +43,16 @@ PREFIXES = [
 ESCAPES = ["\\n", '\\"', "\\\\", "\\/", "\\u00e9", "\\u4E2d", "\\ud83d\\ude00", "\\t\\u0041"]
 
 
+@functools.cache
+def _compiler(tok):
+    """One compiler and guard table per vocabulary in this module."""
+    return LocalCompiler(tok, CompileOptions(max_whitespace=16))
+
+
 @pytest.fixture(scope="module", params=["qwen3", "harmony"])
 def setup(request):
     tok = request.getfixturevalue(request.param)
-    lc = LocalCompiler(tok, CompileOptions(max_whitespace=16))
+    lc = _compiler(tok)
     grammars = {
         "schema": lc.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMA))),
         "builtin": GuardedGrammar.wrap(lc.compiler.compile_builtin_json_grammar(), True),
@@ -115,7 +122,7 @@ def test_a_stop_token_that_is_a_witness_is_asked_instead(qwen3):
     """A request's stop token may be an ordinary token (its bit in the string's start
     mask is the stop's, not its text's): where it stands witness for tokens that end a
     string after an escape, the mask is still the fresh one."""
-    lc = LocalCompiler(qwen3, CompileOptions(max_whitespace=16))
+    lc = _compiler(qwen3)
     g = lc.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMA)))
     m = lc.matcher(g)
     filler = BitmaskFiller(1, qwen3.vocab_rows, guard=lc.guard)
@@ -146,7 +153,7 @@ def test_a_stop_token_that_is_a_witness_is_asked_instead(qwen3):
 
 def test_escape_kinds_are_told_by_stepping_forks(qwen3):
     """The kind of each point of a ``\\u`` escape, and None outside one."""
-    lc = LocalCompiler(qwen3, CompileOptions(max_whitespace=16))
+    lc = _compiler(qwen3)
     g = lc.compile(GrammarSpec.of("json_schema", json.dumps(SCHEMA)))
     m = lc.matcher(g)
     assert m.accept_string('{"a": "x')

@@ -5,6 +5,7 @@ tag), row by row and threaded; and the rules and tables they rest on are read ri
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import zlib
@@ -51,7 +52,10 @@ STEER = [
 ]
 
 
+@functools.cache
 def _compilers(tok):
+    """One compiler and guard table per vocabulary in this module (a guard table takes
+    about half a second to build)."""
     return LocalCompiler(tok, CompileOptions(max_whitespace=16))
 
 
@@ -206,7 +210,7 @@ def test_every_tool_formats_forced_call_keeps_exact_masks(family):
     seed = zlib.crc32(family.encode())
     tools = next(tool_sets(seed, 1))
     spec = fmt.constraint(tools, named=None, parallel=True)
-    lc = LocalCompiler(tok, CompileOptions(max_whitespace=16))
+    lc = _compilers(tok)
     grammar = lc.compile(GrammarSpec.of(spec.kind.value, spec.value))
     _walk(lc, [grammar], tok, rows=4, steps=120, seed=seed)
 
