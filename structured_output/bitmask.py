@@ -255,6 +255,9 @@ class BitmaskFiller:
             for _ in range(max(1, num_buffers))
         ]
         self._views = [b.numpy().view(np.uint32) for b in self.buffers]
+        #: each row of each buffer as a view of its own, made once (the guard ANDs rows)
+        self._row_views = [list(v) for v in self._views]
+        self._rows = self._row_views[0]
         #: ``0 .. max_rows - 1``, read-only: a one-row fill's active rows are a slice
         self._index = np.arange(max_rows, dtype=np.int64)
         self._index.setflags(write=False)
@@ -277,6 +280,7 @@ class BitmaskFiller:
         k = self._next
         self._next = (k + 1) % len(self.buffers)
         buf, view = self.buffers[k], self._views[k]
+        self._rows = self._row_views[k]
         if not rows:
             return FilledMask(buf, np.empty(0, dtype=np.int64))
         if len(rows) == 1:  # the whole step's Python is this row's: no lists
@@ -314,7 +318,7 @@ class BitmaskFiller:
             for r, m, (src, key) in zip(rows, matchers, sources, strict=True):
                 if src is not None:
                     use_known(m, view, r, src, key)
-                    guard_row(view, r, m)
+                    guard_row(r, m)
 
         if not todo:
             copies()
@@ -324,7 +328,7 @@ class BitmaskFiller:
             for i in todo[a:b]:
                 r, m = rows[i], matchers[i]
                 after_fill(m, view, r, sources[i][1])
-                guard_row(view, r, m)
+                guard_row(r, m)
 
         self._shared.fill(
             [matchers[i] for i in todo], buf, [rows[i] for i in todo], len(first), done, copies
@@ -339,12 +343,13 @@ class BitmaskFiller:
         else:
             restricts = self._fill_one(m, buf, r)
             after_fill(m, view, r, key)
-        return self._guard_row(view, r, m) or restricts
+        return self._guard_row(r, m) or restricts
 
-    def _guard_row(self, view: np.ndarray, r: int, m: Any) -> bool:
-        """AND row ``r`` with the guard's mask for ``m``'s state; whether it has one."""
+    def _guard_row(self, r: int, m: Any) -> bool:
+        """AND row ``r`` of this step's buffer with the guard's mask for ``m``'s state;
+        whether it has one."""
         q, guard = getattr(m, "guard_state", -1), self.guard
-        return q >= 0 and guard is not None and guard.apply_one(view, r, q, m.guard_lenient)
+        return q >= 0 and guard is not None and guard.apply_row(self._rows[r], q, m.guard_lenient)
 
     def _extras(
         self,

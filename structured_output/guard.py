@@ -294,7 +294,12 @@ class GuardTable:
 
     def apply_one(self, view: np.ndarray, row: int, q: int, lenient: bool = False) -> bool:
         """AND row ``row`` of ``view`` (uint32 ``[R, W]``) with the mask of state ``q``
-        (-1: none) of a matcher whose grammar refuses raw control characters in strings
+        (`apply_row`). Whether the state has a mask."""
+        return self.apply_row(view[row], q, lenient) if q >= 0 else False
+
+    def apply_row(self, words: np.ndarray, q: int, lenient: bool = False) -> bool:
+        """AND ``words`` (one row, uint32 ``[W]``) with the mask of state ``q`` (-1:
+        none) of a matcher whose grammar refuses raw control characters in strings
         (``lenient``) or not; a row that would allow nothing keeps its grammar's mask.
         Whether the state has a mask."""
         if q < 0:
@@ -304,13 +309,12 @@ class GuardTable:
         mask = self._mask_list[q]
         if mask is None:
             return False
-        words = view[row]
         if self._may_empty_list[q]:  # rare: keep the grammar's mask rather than none
             sub = words & mask
             if sub.any():
                 words[:] = sub
         else:
-            np.bitwise_and(words, mask, out=words)
+            words &= mask
         return True
 
 
