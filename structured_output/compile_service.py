@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -191,10 +191,16 @@ class CompileService:
         worker_memory_bytes: int = 8 << 30,
         max_compiled_bytes: int = 256 << 20,
         worker_start_timeout_s: float = 120.0,
+        prepare: Callable[[Any], None] | None = None,
     ) -> None:
+        """``prepare``: called with each newly compiled grammar on the thread that
+        finished it, before any request gets it (the engine builds the tables its
+        matchers will need there, off its step); an error in it is logged, and the
+        grammar served all the same."""
         if num_workers < 0:
             raise ValueError(f"--compile-workers must be 0 or more, not {num_workers}")
         self.options = options
+        self._prepare = prepare
         #: worker processes (0: compiles run in this process)
         self.num_workers = num_workers
         self.timeout_s = timeout_s
@@ -494,6 +500,11 @@ class CompileService:
         from .guard import GuardedGrammar
 
         grammar = GuardedGrammar.wrap(compiled.grammar, compiled.json_text)
+        if self._prepare is not None:
+            try:
+                self._prepare(grammar)
+            except Exception:  # tables not built here are built on first use
+                log.exception("preparing a compiled %s failed", job.spec.kind.value)
         took = time.monotonic() - began
         if took >= PROGRESS_S:
             log.info("compiled a %s in %.1f s", job.spec.kind.value, took)

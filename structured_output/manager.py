@@ -19,6 +19,7 @@ from .config import StructuredOutputConfig
 from .guard import GuardedMatcher, GuardTable
 from .guide import RequestGuide
 from .specs import CompileOptions, GrammarSpec
+from .string_masks import kept_for
 from .structural_tags import require_marker_binding
 from .vocab import tokenizer_info_for
 
@@ -70,6 +71,7 @@ class StructuredOutputManager:
             cache_bytes=config.grammar_cache_mb << 20,
             worker_memory_bytes=config.compile_worker_memory_mb << 20,
             max_compiled_bytes=config.max_compiled_grammar_mb << 20,
+            prepare=self._prepare,
         )
         self._guard: Future[GuardTable] = _in_background(
             "guard table",
@@ -92,6 +94,11 @@ class StructuredOutputManager:
         except BaseException:
             self.compiler.close()  # its workers, started already
             raise
+
+    def _prepare(self, grammar: xgr.CompiledGrammar) -> None:
+        """On the compile thread, for each newly compiled grammar: the tables its
+        matchers keep string masks with (`string_masks.KeptStrings.warm`)."""
+        kept_for(grammar, self._guard.result().plain).warm()
 
     def parser_for(self, kwargs: Mapping[str, Any] | None) -> ReasoningParser | None:
         """The engine's reasoning parser built with a request's chat-template kwargs,

@@ -267,6 +267,16 @@ class KeptStrings:
         #: self-loop rule (a quote, an escape), where a string may begin or resume
         self.any_plain = self._union() if self.rules else plain.every
 
+    def warm(self) -> None:
+        """Build the tables a matcher of this grammar may need inside its strings (each
+        self-loop rule's plain tokens and, where the grammar has JSON escapes, each
+        string class's `EscapeTables`), so that its first strings do not build them on
+        the engine's step; each is built once per vocabulary and class."""
+        for rule in self.rules:
+            self.table(rule)
+            if self.escapes:
+                self.plain.escape_tables([self.rules[rule]])
+
     def _union(self) -> bytes:
         tables = [np.frombuffer(self.table(r), dtype=np.uint8) for r in self.rules]
         return np.bitwise_or.reduce(tables).tobytes()

@@ -162,3 +162,59 @@ def test_escape_kinds_are_told_by_stepping_forks(qwen3):
         assert m.accept_string(c)
         kinds.append(escape_kind(m.fork))
     assert kinds == [AFTER_BACKSLASH, 4, 3, 2, 1]
+
+
+def test_a_grammars_tables_are_built_before_its_first_string(qwen3, monkeypatch):
+    """`KeptStrings.warm` (the engine calls it on the compile thread) builds the plain
+    and escape tables of a grammar's string classes: a structural tag whose strings
+    must not contain its end tag has a class of its own, and its first escape then
+    builds nothing on the step."""
+    import structured_output.escape_masks as escape_masks
+    from structured_output.string_masks import kept_for
+
+    lc = LocalCompiler(qwen3, CompileOptions(max_whitespace=16))  # fresh tables
+    built = []
+    real = escape_masks.EscapeTables.__init__
+    monkeypatch.setattr(
+        escape_masks.EscapeTables,
+        "__init__",
+        lambda self, *a, **k: built.append(1) or real(self, *a, **k),
+    )
+    g = lc.compile(states.SPECS["hermes_tag"])
+    kept_for(g, lc.guard.plain).warm()
+    assert built, "the tag's string class has tables of its own"
+    before = len(built)
+    m, twin = lc.matcher(g), lc.matcher(g)
+    filler = BitmaskFiller(1, qwen3.vocab_rows, guard=lc.guard)
+    want = torch.zeros((1, filler.words), dtype=torch.int32)
+    text = '\n{"name": "get_time", "arguments": {"tz": "a\\u00e9'
+    for t in [qwen3.id_of("<tool_call>"), *_ids(qwen3, text)]:
+        got = filler.fill([0], [RequestGuide(None, m)])
+        twin.fill_next_token_bitmask(want, 0)
+        assert torch.equal(got.buffer[0], want[0])
+        assert m.accept_token(t) and twin.accept_token(t)
+    assert len(built) == before
+
+
+def test_the_compile_service_prepares_each_new_grammar_and_survives_a_failure(qwen3, caplog):
+    from structured_output.compile_service import CompileService
+    from structured_output.vocab import tokenizer_info_for
+
+    seen = []
+
+    def prepare(grammar):
+        seen.append(grammar)
+        if len(seen) == 2:
+            raise RuntimeError("injected: no tables")
+
+    svc = CompileService(
+        qwen3, CompileOptions(), tokenizer_info_for(qwen3), num_workers=0, prepare=prepare
+    )
+    try:
+        specs = [GrammarSpec.of("json_schema", json.dumps(SCHEMA)), GrammarSpec.of("regex", "a+")]
+        got = [svc.submit(s).result(60) for s in specs]
+        assert seen == got  # each prepared before its request had it
+        assert svc.submit(specs[0]).result(60) is not None and len(seen) == 2  # cached
+    finally:
+        svc.close()
+    assert "preparing a compiled regex failed" in caplog.text
