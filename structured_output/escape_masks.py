@@ -88,11 +88,12 @@ def escape_rules(grammar_text: str, char_class: Any) -> frozenset[int]:
 
 
 def _codes(cls: str, char_class: Any) -> set[int] | None:
-    """The code points of a class that is not negated (None where it is)."""
+    """The code points of a small class that is not negated (None where it is negated
+    or holds more than 64: no escape's)."""
     ranges, negated = char_class(cls)
-    if negated:
+    if negated or sum(hi - lo + 1 for lo, hi in ranges) > 64:
         return None
-    return {c for lo, hi in ranges for c in range(lo, min(hi, 0x10FFFF) + 1)}
+    return {c for lo, hi in ranges for c in range(lo, hi + 1)}
 
 
 def escape_kind(fork: Any) -> int | None:
