@@ -139,6 +139,27 @@ def fill_vs_vllm(records: list[dict]) -> str:
     return "\n".join(lines) + (f"\n\n{line}" if line else "")
 
 
+def escapes(records: list[dict]) -> str:
+    """A row per document and grammar: the engine, with nothing remembered nor derived
+    mid-escape (``no_memo``), and the baseline, each a whole decode of the document."""
+    by: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in records:
+        by.setdefault((r["extra"]["document"], r["grammars"][0]), {})[r["method"]] = r
+    lines = [
+        "| document | grammar | tokens | engine (ms) | no memo (ms) | no memo / engine "
+        "| baseline (ms) | baseline / engine |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (document, grammar), m in by.items():
+        e, n, base = m["engine"], m["no_memo"], m["baseline"]
+        lines.append(
+            f"| {document} | {grammar} | {e['extra']['tokens']} | {_ms(e['median_us'])} "
+            f"| {_ms(n['median_us'])} | {n['median_us'] / e['median_us']:.2f}x "
+            f"| {_ms(base['median_us'])} | **{e['ratio']:.2f}x** |"
+        )
+    return "\n".join(lines)
+
+
 def startup(records: list[dict]) -> str:
     lines = ["| vocabulary | what | wall (s) | CPU (s) |", "|---|---|---:|---:|"]
     for r in records:
@@ -154,6 +175,7 @@ TABLES = {
     "throughput": throughput,
     "fill-vs-vllm": fill_vs_vllm,
     "startup": startup,
+    "escapes": escapes,
 }
 
 

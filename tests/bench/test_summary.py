@@ -33,3 +33,21 @@ def test_the_vllm_table_and_the_one_row_line_come_from_the_records():
     assert f"lowest {min(ratios):.2f}x" in line
     assert f"slower at {sum(x < 1 for x in ratios)} of 32" in line
     assert summary.one_row_line([r for r in records if "state" not in r["extra"]]) == ""
+
+
+ESCAPES = Path(__file__).parents[2] / "bench/results/2026-12-03b-cpu-2core-escapes.json"
+
+
+def test_the_escapes_table_has_a_row_per_document_and_grammar():
+    records = json.loads(ESCAPES.read_text())
+    table = summary.escapes(records)
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    cases = {(r["extra"]["document"], r["grammars"][0]) for r in records}
+    assert len(rows) - 1 == len(cases) == 6
+    by = {(r["extra"]["document"], r["grammars"][0], r["method"]): r for r in records}
+    for line in rows[1:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        engine = by[cells[0], cells[1], "engine"]
+        memo = by[cells[0], cells[1], "no_memo"]["median_us"] / engine["median_us"]
+        assert cells[5] == f"{memo:.2f}x"
+        assert cells[7] == f"**{engine['ratio']:.2f}x**"
