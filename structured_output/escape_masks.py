@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from .vocab import pack_ids
+
 #: JSON's escape rule, as xgrammar prints it (a lookahead after it changes nothing)
 _ESCAPE_RULE = re.compile(
     r'^\S+ ::= \(\(\[\\"\\\\/bfnrt\]\) \| \("u"(?: \[A-Fa-f0-9\]){4}\)\)(?: \(=.*\))?$'
@@ -112,7 +114,7 @@ def escape_kind(fork: Any) -> int | None:
     return None
 
 
-def _in_class(points: np.ndarray, rule: RuleClass) -> tuple[np.ndarray, np.ndarray]:
+def in_class(points: np.ndarray, rule: RuleClass) -> tuple[np.ndarray, np.ndarray]:
     """Per code point: in the rule's class and no first character (plain), and in
     neither the class nor the first characters (refused by the rule)."""
     ranges, negated, firsts = rule
@@ -154,7 +156,7 @@ class EscapeTables:
         points, starts, ids = code_points
         plain = np.ones(len(points), dtype=bool)
         for rule in rules:
-            ok, _ = _in_class(points, rule)
+            ok, _ = in_class(points, rule)
             plain &= ok
         last_bad = np.full(n, 1 << 30, dtype=np.int64)  # past every escape: never plain
         last_bad[ids] = -1
@@ -181,7 +183,7 @@ class EscapeTables:
             sure = within | rest_plain
             ask = np.flatnonzero(goes_on & ~rest_plain)
             asked, witness, forked = self._witnesses(ask, through[ask], tb)
-            packed = _pack(sure, words)
+            packed = pack_ids(sure, words)
             packed.setflags(write=False)  # returned as it is where nothing is asked
             self.kinds[kind] = (packed, asked, witness, forked)
         #: every witness, to tell one that a matcher's stop tokens take (asked then)
@@ -225,7 +227,7 @@ class EscapeTables:
         found = self._chars.get(c)
         if found is None:
             point = np.asarray([c], dtype=np.int64)
-            kinds = [_in_class(point, rule) for rule in self._rules]
+            kinds = [in_class(point, rule) for rule in self._rules]
             found = self._chars[c] = (
                 all(bool(ok[0]) for ok, _ in kinds),
                 all(bool(no[0]) for _, no in kinds),
@@ -261,12 +263,6 @@ class EscapeTables:
                 out[s >> 5] &= ~np.uint32(1 << (s & 31))
         out.setflags(write=False)
         return out
-
-
-def _pack(flags: np.ndarray, words: int) -> np.ndarray:
-    padded = np.zeros(words * 32, dtype=bool)
-    padded[: len(flags)] = flags
-    return np.packbits(padded, bitorder="little").view(np.uint32)
 
 
 def _normal(rule: RuleClass) -> RuleClass:

@@ -87,6 +87,7 @@ from .lexing import (
 )
 from .string_masks import PlainTables, kept_for
 from .utf8 import AFTER_ED, DONE, ERROR, NUM_PENDING
+from .vocab import pack_ids
 from .whitespace import refuses_control
 
 #: states whose masks are built at once (bounds the build's memory for long runs)
@@ -253,7 +254,7 @@ class GuardTable:
         all_ones = np.uint32(0xFFFFFFFF)
         for s, u, runs, ok, ctrl in self._rows(lex):
             strict = _pack(ok, self.words)
-            lenient = strict | _pack_ids(ctrl, self.words) if ctrl.any() else strict
+            lenient = strict | pack_ids(ctrl, self.words) if ctrl.any() else strict
             for variant, packed in enumerate((strict, lenient)):
                 restricts = (packed != all_ones).any(axis=1).tolist()
                 for i, run in enumerate(runs.tolist()):
@@ -449,13 +450,6 @@ class GuardedMatcher(xgr.GrammarMatcher):
 
 
 # ----- building the tables -------------------------------------------------------------
-
-
-def _pack_ids(flags: np.ndarray, words: int) -> np.ndarray:
-    """bool ``[N]`` -> uint32 ``[words]``: the bits of the true columns alone."""
-    padded = np.zeros(words * 32, dtype=bool)
-    padded[: len(flags)] = flags
-    return np.packbits(padded, bitorder="little").view(np.uint32)
 
 
 def _pack(flags: np.ndarray, words: int) -> np.ndarray:

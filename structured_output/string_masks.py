@@ -55,6 +55,7 @@ from .escape_masks import (
     RuleClass,
     escape_kind,
     escape_rules,
+    in_class,
 )
 
 _STATE = re.compile(
@@ -228,13 +229,7 @@ class PlainTables:
             if found is not None:
                 return found
             points, starts, ids = self._code_points()
-            inside = np.zeros(len(points), dtype=bool)
-            for lo, hi in ranges:
-                inside |= (points >= lo) & (points <= hi)
-            if negated:
-                inside = ~inside
-            if firsts:
-                inside &= ~np.isin(points, np.fromiter(firsts, dtype=np.int64))
+            inside, _ = in_class(points, key)
             flags = np.zeros(self.vocab_rows, dtype=np.uint8)
             if len(starts):
                 flags[ids] = np.logical_and.reduceat(inside, starts)
