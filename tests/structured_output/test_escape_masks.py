@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import functools
 import json
+import random
+import zlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,6 +22,8 @@ from structured_output.bitmask import BitmaskFiller
 from structured_output.escape_masks import AFTER_BACKSLASH, escape_kind
 from structured_output.guard import GuardedGrammar
 from structured_output.guide import RequestGuide
+from tests.support.toolsets import tool_sets
+from tests.tool_formats.conftest import FAMILIES, format_for, tokenizer_for
 
 SCHEMA = {
     "type": "object",
@@ -218,3 +223,62 @@ def test_the_compile_service_prepares_each_new_grammar_and_survives_a_failure(qw
     finally:
         svc.close()
     assert "preparing a compiled regex failed" in caplog.text
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_tool_formats_arguments_derive_their_masks_mid_escape(family):
+    """Every family of the tool-format registry, its forced-call constraint over
+    generated tool sets: rows walk random allowed tokens (leaning to quotes and
+    letters, into the arguments' strings), and inside each free string they reach they
+    write escapes of every kind; each mask equals a fresh fill, and none mid-escape is
+    filled by xgrammar. Families whose arguments are not JSON text keep no memo:
+    nothing is derived there, and their masks are still exact."""
+    tok, fmt = tokenizer_for(family), format_for(family)
+    seed = zlib.crc32(family.encode())
+    rng = random.Random(seed)
+    lc = _compiler(tok)
+    filler = BitmaskFiller(1, tok.vocab_rows, guard=lc.guard)
+    fills = []
+    fill = filler._fill_one
+    filler._fill_one = lambda *a: fills.append(1) or fill(*a)
+    want = torch.zeros((1, filler.words), dtype=torch.int32)
+    lean = _ids(tok, '"az')  # quotes to open strings, letters to write them
+    text = "\\u00e9\\n\\ud83d\\ude00\\\\"
+    escape, mid = _ids(tok, text), _mid_escape(text)
+    derived = strings = 0
+    json_text = False
+
+    def step(m, twin, t=None):
+        got = filler.fill([0], [RequestGuide(None, m)])
+        twin.fill_next_token_bitmask(want, 0)
+        assert torch.equal(got.buffer[0], want[0]), family
+        if t is None:
+            bits = np.unpackbits(want[0].numpy().view(np.uint8), bitorder="little")
+            allowed = np.flatnonzero(bits[: tok.vocab_rows])
+            leaning = [x for x in lean if bits[x]]
+            t = rng.choice(leaning) if leaning and rng.random() < 0.7 else int(rng.choice(allowed))
+        assert m.accept_token(t) and twin.accept_token(t), family
+
+    for tools in tool_sets(seed, 8):  # until escapes are written in two strings, or eight calls
+        spec = fmt.constraint(tools, named=None, parallel=False)
+        g = lc.compile(GrammarSpec.of(spec.kind.value, spec.value))
+        m, twin = lc.matcher(g), lc.matcher(g)
+        json_text = m.guard_lexes_strings and bool(m._kept.escapes)
+        for _ in range(300):
+            if m.is_terminated():
+                break
+            if json_text and m.keep and m.memo is not None:  # inside a free JSON string
+                strings += 1
+                for t, inside in zip(escape, mid, strict=True):
+                    before = len(fills)
+                    step(m, twin, t)
+                    if inside:
+                        assert len(fills) == before, f"{family}: filled mid-escape"
+                        derived += 1
+            step(m, twin)
+        if strings >= 2 or not json_text:
+            break
+    if json_text:
+        assert strings and derived == strings * sum(mid), (family, strings, derived)
+    else:
+        assert derived == 0
