@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
+    import numpy as np
     import xgrammar as xgr
 
     from tokenization import Tokenizer
@@ -61,6 +60,8 @@ def tokenizer_info_for(tokenizer: Tokenizer) -> xgr.TokenizerInfo:
 def pack_ids(flags: np.ndarray, words: int) -> np.ndarray:
     """bool ``[N]`` (one per token id) -> uint32 ``[words]``, bit ``t % 32`` of word
     ``t // 32`` for id ``t``: the bits of the true ids alone."""
+    import numpy as np  # not at import: the CLI's help imports this module
+
     padded = np.zeros(words * 32, dtype=bool)
     padded[: len(flags)] = flags
     return np.packbits(padded, bitorder="little").view(np.uint32)
